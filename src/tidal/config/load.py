@@ -1,0 +1,124 @@
+"""Load a YAML config, apply dotted overrides (`trainer.lr=1e-5`), validate, report every error."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tidal.config.schema import TidalConfig
+from tidal.errors import ConfigError
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a", "b", "c"], value parsed as YAML, so 1e-5, true, [1, 2] work)."""
+    if "=" not in text:
+        raise ConfigError([f"{text}: an override looks like section.field=value"], source="overrides")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError([f"{text}: empty key"], source="overrides")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    # YAML reads 1e-5 as a string (no dot in the mantissa); a number is what was meant.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            pass
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = data
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _message(error: dict[str, Any]) -> str:
+    kind, ctx = error["type"], error.get("ctx") or {}
+    bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+    for name, op in bounds.items():
+        if kind == name:
+            return f"must be {op} {next(iter(ctx.values()))}"
+    if kind == "missing":
+        return "is required"
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    return error["msg"][:1].lower() + error["msg"][1:]
+
+
+def _known_fields(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the section an unknown key was found in, for a 'did you mean'."""
+    current: Any = model
+    for part in loc[:-1]:
+        fields = getattr(current, "model_fields", None)
+        if fields is None or part not in fields:
+            return []
+        annotation = fields[part].annotation
+        current = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        if current is None:
+            return []
+    return list(getattr(current, "model_fields", {}))
+
+
+def format_validation_error(error: ValidationError, model: type[BaseModel]) -> list[str]:
+    problems = []
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        path = ".".join(str(p) for p in loc) or "(root)"
+        if item["type"] == "extra_forbidden":
+            guess = difflib.get_close_matches(str(loc[-1]), _known_fields(model, loc), n=1)
+            hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+            problems.append(f"{path}: unknown field{hint}")
+        else:
+            problems.append(f"{path}: {_message(item)}")
+    return problems
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config") -> TidalConfig:
+    try:
+        return TidalConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, TidalConfig), source=source) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TidalConfig:
+    """Read `path` (YAML), apply overrides, validate. Raises ConfigError listing every problem."""
+    data: dict[str, Any] = {}
+    source = "overrides"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError([f"{path}: no such config file"], source=source)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark else "?"
+            raise ConfigError([f"{where}: not valid YAML ({getattr(error, 'problem', error)})"], source=source) from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(["(root): a config is a mapping of sections"], source=source)
+        data = loaded
+    return config_from_dict(apply_overrides(data, overrides or []), source=source)
+
+
+def save_config(config: TidalConfig, path: str | Path) -> None:
+    """Write the resolved config (every default filled in) as YAML."""
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))

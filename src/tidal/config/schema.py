@@ -1,0 +1,162 @@
+"""The one typed config tree: model, rollout, tasks/domains, reward, gate, algorithm, trainer,
+warm start, eval, run. Every field has a description and bounds where they exist."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelConfig(Section):
+    """Shape of the built-in tiny model (a standard Qwen2 architecture)."""
+
+    hidden_size: int = Field(256, ge=16, le=8192, description="model width")
+    num_layers: int = Field(4, ge=1, le=128, description="transformer blocks")
+    num_heads: int = Field(4, ge=1, le=128, description="query heads")
+    num_kv_heads: int = Field(2, ge=1, le=128, description="key/value heads (GQA)")
+    intermediate_size: int = Field(768, ge=16, le=65536, description="MLP width")
+    max_position: int = Field(512, ge=64, le=1 << 20, description="max sequence length")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "TinyModelConfig":
+        if self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must be divisible by num_heads")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be divisible by num_kv_heads")
+        return self
+
+
+class ModelConfig(Section):
+    path: str = Field("tiny", description="'tiny' (built in, random init) or a local HF checkpoint folder")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available")
+    seed: int = Field(0, description="init seed of the tiny model")
+
+
+class RolloutConfig(Section):
+    group_size: int = Field(8, ge=1, le=1024, description="samples per prompt (n); the prompt is prefilled once")
+    temperature: float = Field(1.0, ge=0, le=2, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    max_new_tokens: int = Field(64, ge=1, le=1 << 16, description="completion length cap")
+    stop: list[str] = Field(default_factory=list, description="extra stop strings")
+    batch_prompts: int = Field(64, ge=1, le=4096, description="prompts generated together in one batch")
+
+
+class DomainConfig(Section):
+    weight: float = Field(1.0, ge=0, description="share of each step's tasks (normalised over domains)")
+    family: str | None = Field(None, description="built-in task family generating this domain's tasks")
+    sources: list[str] = Field(default_factory=list, description="task files (.jsonl/.yaml) for this domain")
+    n_train: int = Field(400, ge=0, le=10_000_000, description="tasks generated for the train split")
+    n_eval: int = Field(60, ge=0, le=10_000_000, description="tasks generated for the eval split")
+    min_difficulty: int = Field(1, ge=1, le=10, description="lowest generated difficulty level")
+    max_difficulty: int = Field(3, ge=1, le=10, description="highest generated difficulty level")
+
+    @model_validator(mode="after")
+    def _has_source(self) -> "DomainConfig":
+        if self.family is None and not self.sources:
+            raise ValueError("give a built-in `family` or task `sources`")
+        if self.min_difficulty > self.max_difficulty:
+            raise ValueError("min_difficulty must be <= max_difficulty")
+        return self
+
+
+class TasksConfig(Section):
+    domains: dict[str, DomainConfig] = Field(description="domain name -> its tasks and weight")
+    seed: int = Field(1234, description="seed of the built-in generators (train and eval differ by split)")
+    tasks_per_step: int = Field(16, ge=1, le=1 << 16, description="prompts sampled per RL step")
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "TasksConfig":
+        if not self.domains:
+            raise ValueError("at least one domain is needed")
+        if sum(d.weight for d in self.domains.values()) <= 0:
+            raise ValueError("domain weights must not all be 0")
+        return self
+
+
+class SandboxConfig(Section):
+    backend: str = Field("bwrap", description="bwrap | unsafe_local (no isolation, development only)")
+    workers: int = Field(2, ge=1, le=1024, description="concurrent scoring sandboxes")
+    timeout_s: float | None = Field(None, gt=0, description="override of each task's timeout")
+    memory_mb: int | None = Field(None, ge=16, description="override of each task's memory limit")
+
+
+class RewardConfig(Section):
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    cache: bool = Field(True, description="reuse the score of an identical answer to the same task")
+
+
+class GateConfig(Section):
+    drop_zero_variance: bool = Field(True, description="drop groups whose rewards are all equal")
+    drop_truncated: bool = Field(True, description="drop samples cut at max_new_tokens")
+    drop_empty: bool = Field(True, description="drop empty answers")
+    max_repetition: float = Field(0.5, gt=0, le=1, description="drop if a repeated n-gram covers more than this fraction")
+
+
+class AlgorithmConfig(Section):
+    advantage: str = Field("grpo", description="grpo | dr_grpo | rloo")
+    loss: str = Field("ppo_clip", description="policy loss name")
+    clip_low: float = Field(0.2, ge=0, le=1, description="lower PPO clip epsilon")
+    clip_high: float = Field(0.28, ge=0, le=10, description="upper PPO clip epsilon (clip-higher)")
+    aggregation: Literal["token", "sequence", "token_sum"] = Field(
+        "token", description="token = mean over all tokens; sequence = mean of per-sequence means; token_sum = Dr.GRPO"
+    )
+    kl_coef: float = Field(0.0, ge=0, description="KL-to-reference coefficient (0 = no reference model)")
+    kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient")
+    epochs: int = Field(1, ge=1, le=64, description="passes over each batch (PPO epochs)")
+
+
+class TrainerConfig(Section):
+    lr: float = Field(5e-5, gt=0, le=1, description="peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup steps")
+    schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR after warmup")
+    grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
+    micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 autocast where supported (CUDA), fp32 on CPU")
+    steps: int = Field(50, ge=0, description="RL steps")
+    checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
+
+
+class WarmStartConfig(Section):
+    enabled: bool = Field(True, description="supervised warm start on train-split references before RL")
+    steps: int = Field(300, ge=0, description="optimizer steps")
+    batch_size: int = Field(32, ge=1, description="sequences per step")
+    lr: float = Field(2e-3, gt=0, le=1, description="peak learning rate (warmup then cosine)")
+
+
+class EvalConfig(Section):
+    samples_per_task: int = Field(4, ge=1, le=1024, description="samples per eval task (pass rate = mean)")
+    temperature: float = Field(1.0, ge=0, le=2, description="sampling temperature in evaluation")
+    every: int = Field(0, ge=0, description="evaluate every N RL steps (0 = only before and after)")
+
+
+class RunConfig(Section):
+    dir: str = Field("runs", description="parent folder of run folders")
+    name: str | None = Field(None, description="run folder name (default: timestamp)")
+    seed: int = Field(0, description="seed of sampling and training")
+    resume: bool = Field(True, description="resume when the run folder holds a checkpoint")
+    progress: bool = Field(True, description="live progress display")
+
+
+class TidalConfig(Section):
+    """The whole run."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    tasks: TasksConfig
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    run: RunConfig = Field(default_factory=RunConfig)

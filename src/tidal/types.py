@@ -1,0 +1,191 @@
+"""The records that cross layers: `Task`, `Completion`, `Episode`, `Score`, `TrainBatch`.
+
+`Task` is the user-written format of ARCHITECTURE.md (pydantic, so a task file is validated with
+field paths). The others are plain dataclasses produced and consumed inside a run.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Role = Literal["system", "user", "assistant", "tool"]
+DOMAINS = ("code", "agent", "math", "knowledge", "reasoning", "general", "custom")
+
+
+class Message(BaseModel):
+    """One chat message."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Role
+    content: str
+
+
+class VerifierSpec(BaseModel):
+    """Which verifier scores the task, plus its arguments (e.g. `answer`, `pattern`, `entrypoint`).
+
+    Extra keys are kept and passed to the verifier, which validates them itself.
+    """
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, description="registered verifier name, e.g. python_tests")
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The verifier's arguments: every key but `name`."""
+        return dict(self.model_extra or {})
+
+
+class Limits(BaseModel):
+    """Resource limits for scoring (and agent steps) in the sandbox."""
+
+    model_config = ConfigDict(extra="forbid")
+    timeout_s: float = Field(10.0, gt=0, le=3600, description="wall-clock limit per run")
+    memory_mb: int = Field(512, ge=16, le=1 << 20, description="address-space/memory limit")
+    pids: int = Field(64, ge=1, le=1 << 16, description="max processes inside the sandbox")
+
+
+class Task(BaseModel):
+    """A verifiable task (ARCHITECTURE.md, 'A task')."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, description="unique and stable")
+    domain: str = Field(description="code | agent | math | knowledge | reasoning | general | custom")
+    prompt: str | list[Message] = Field(description="a string, or a list of chat messages")
+    verifier: VerifierSpec
+    tests: dict[str, str] = Field(default_factory=dict, description="acceptance tests, hidden")
+    files: dict[str, str] = Field(default_factory=dict, description="starting workspace")
+    reference: str | None = Field(None, description="known-good solution: code, answer or script")
+    tools: list[str] = Field(default_factory=list)
+    max_steps: int = Field(1, ge=1, le=10_000)
+    limits: Limits = Field(default_factory=Limits)
+    image: str = "python3"
+    split: Literal["train", "eval"] = "train"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("domain")
+    @classmethod
+    def _known_domain(cls, value: str) -> str:
+        if value not in DOMAINS:
+            raise ValueError(f"must be one of {', '.join(DOMAINS)}")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _nonempty_prompt(cls, value: str | list[Message]) -> str | list[Message]:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("must not be empty")
+        if isinstance(value, list) and not value:
+            raise ValueError("must hold at least one message")
+        return value
+
+    def messages(self) -> list[dict[str, str]]:
+        """The prompt as chat messages."""
+        if isinstance(self.prompt, str):
+            return [{"role": "user", "content": self.prompt}]
+        return [m.model_dump() for m in self.prompt]
+
+    @property
+    def difficulty(self) -> int | None:
+        """The generator's difficulty level (1 = easiest), when the task came from a family."""
+        value = self.metadata.get("difficulty")
+        return int(value) if value is not None else None
+
+
+class Outcome(str, enum.Enum):
+    """How a scoring run ended. Only `passed`/`failed` say something about the answer's quality."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    MEMORY_LIMIT = "memory_limit"
+    CRASHED = "crashed"
+    TAMPERED = "tampered"
+    INFRA_ERROR = "infra_error"
+
+
+@dataclass
+class Score:
+    """A verifier's verdict. `value` is in [0, 1]; an `infra_error` is never a silent 0 to train on."""
+
+    value: float
+    outcome: Outcome
+    components: dict[str, float] = field(default_factory=dict)
+    detail: str = ""  # human-readable reason, e.g. the failing test or the timeout
+    info: dict[str, Any] = field(default_factory=dict)  # verifier-specific extras (test ids, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reward": self.value,
+            "outcome": self.outcome.value,
+            "components": dict(self.components),
+            "detail": self.detail,
+            "info": dict(self.info),
+        }
+
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class Completion:
+    """One sampled completion from a rollout engine."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]  # generated tokens, including the stop token when one was produced
+    logprobs: list[float]  # (len(token_ids),) log p of each generated token under the sampler
+    text: str  # decoded completion, stop strings/tokens removed
+    finish_reason: FinishReason
+    weight_version: int
+
+
+@dataclass
+class Episode:
+    """A trajectory: one task, one completion, its score and the gate's verdict."""
+
+    id: str  # stable: run/step/task/sample index
+    task_id: str
+    domain: str
+    group_id: str  # samples of one prompt share a group (GRPO/RLOO baselines)
+    completion: Completion
+    score: Score | None = None
+    keep: bool = True
+    drop_reason: str = ""
+    advantage: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-serialisable record for the trajectory store."""
+        c = self.completion
+        return {
+            "id": self.id,
+            "task_id": self.task_id,
+            "domain": self.domain,
+            "group_id": self.group_id,
+            "prompt_ids": c.prompt_ids,
+            "token_ids": c.token_ids,
+            "logprobs": c.logprobs,
+            "text": c.text,
+            "finish_reason": c.finish_reason,
+            "weight_version": c.weight_version,
+            "score": self.score.to_dict() if self.score else None,
+            "keep": self.keep,
+            "drop_reason": self.drop_reason,
+            "advantage": self.advantage,
+            "timings": self.timings,
+        }
+
+
+@dataclass
+class TrainBatch:
+    """Padded tensors for one update. B = sequences, T = prompt + completion length (right-padded)."""
+
+    input_ids: Any  # Tensor (B, T) long
+    attention_mask: Any  # Tensor (B, T) long, 1 for real tokens
+    completion_mask: Any  # Tensor (B, T) float, 1 on tokens whose logprob is trained
+    old_logprobs: Any  # Tensor (B, T) float, sampler logprobs aligned with completion_mask
+    advantages: Any  # Tensor (B,) float, one per sequence
+    ref_logprobs: Any | None = None  # Tensor (B, T) float, when a KL term is used
