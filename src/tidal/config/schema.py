@@ -131,6 +131,7 @@ class WarmStartConfig(Section):
     steps: int = Field(300, ge=0, description="optimizer steps")
     batch_size: int = Field(32, ge=1, description="sequences per step")
     lr: float = Field(2e-3, gt=0, le=1, description="peak learning rate (warmup then cosine)")
+    prompt_weight: float = Field(0.2, ge=0, le=1, description="loss weight of prompt tokens (answer tokens: 1)")
 
 
 class EvalConfig(Section):

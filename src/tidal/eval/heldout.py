@@ -1,0 +1,122 @@
+"""Held-out evaluation of a policy: sample k answers per task, score them, and summarise pass rates
+per domain, with the paired before/after comparison over the same tasks.
+
+A task's pass rate is the fraction of its scored samples whose outcome is `passed`. Samples whose
+scoring hit an infrastructure error are not counted as failures: they are left out of the task's
+denominator and reported apart (a task with only infra errors has no pass rate).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tidal.eval.stats import paired_difference, wilson_interval
+from tidal.models.io import render_prompt
+from tidal.rollout.engine import EmbeddedEngine, SamplingParams
+from tidal.types import Outcome, Task
+
+
+def evaluate_policy(
+    engine: EmbeddedEngine,
+    tasks: Sequence[Task],
+    score_many: Callable[[list[tuple[Task, str]]], list[Any]],
+    *,
+    samples_per_task: int,
+    temperature: float,
+    top_p: float,
+    max_new_tokens: int,
+    stop: list[str],
+    seed: int,
+    batch_prompts: int = 64,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """One record per task: pass rate, mean reward, outcome counts and two sample answers."""
+    records: list[dict[str, Any]] = []
+    prompts = [render_prompt(engine.tokenizer, task.messages()) for task in tasks]
+    for start in range(0, len(tasks), batch_prompts):
+        chunk = list(tasks[start : start + batch_prompts])
+        params = SamplingParams(
+            temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, stop=stop, seed=seed + start
+        )
+        began = time.perf_counter()
+        groups = engine.generate(prompts[start : start + batch_prompts], samples_per_task, params)
+        items = [(task, c.text) for task, group in zip(chunk, groups) for c in group]
+        scores = score_many(items)
+        elapsed = time.perf_counter() - began
+        for i, (task, group) in enumerate(zip(chunk, groups)):
+            task_scores = scores[i * samples_per_task : (i + 1) * samples_per_task]
+            outcomes = Counter(s.outcome.value for s in task_scores)
+            valid = [s for s in task_scores if s.outcome is not Outcome.INFRA_ERROR]
+            passed = sum(s.outcome is Outcome.PASSED for s in valid)
+            records.append(
+                {
+                    "task_id": task.id,
+                    "domain": task.domain,
+                    "difficulty": task.difficulty,
+                    "samples": len(task_scores),
+                    "scored": len(valid),
+                    "passed": passed,
+                    "pass_rate": passed / len(valid) if valid else None,
+                    "mean_reward": sum(s.value for s in valid) / len(valid) if valid else None,
+                    "outcomes": dict(outcomes),
+                    "completion_tokens": sum(len(c.token_ids) for c in group),
+                    "answers": [c.text for c in group[:2]],
+                    "seconds": elapsed / len(chunk),
+                }
+            )
+        if on_progress:
+            on_progress(min(start + batch_prompts, len(tasks)), len(tasks))
+    return records
+
+
+def pass_rates(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-domain and overall pass rate of one evaluation, with a Wilson interval over samples."""
+    out: dict[str, dict[str, Any]] = {}
+    domains = sorted({r["domain"] for r in records})
+    for name in [*domains, "overall"]:
+        rows = [r for r in records if (name == "overall" or r["domain"] == name) and r["pass_rate"] is not None]
+        passed, scored = sum(r["passed"] for r in rows), sum(r["scored"] for r in rows)
+        low, high = wilson_interval(passed, scored) if scored else (0.0, 0.0)
+        out[name] = {
+            "pass_rate": sum(r["pass_rate"] for r in rows) / len(rows) if rows else None,
+            "tasks": len(rows),
+            "samples": scored,
+            "ci_low": low,
+            "ci_high": high,
+        }
+    return out
+
+
+def compare(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Paired before/after comparison per domain and overall, over tasks scored in both runs."""
+    after_by_id = {r["task_id"]: r for r in after}
+    pairs = [
+        (r, after_by_id[r["task_id"]])
+        for r in before
+        if r["task_id"] in after_by_id and r["pass_rate"] is not None and after_by_id[r["task_id"]]["pass_rate"] is not None
+    ]
+    result: dict[str, Any] = {"domains": {}}
+    domains = sorted({b["domain"] for b, _ in pairs})
+    for name in [*domains, "overall"]:
+        rows = [(b, a) for b, a in pairs if name == "overall" or b["domain"] == name]
+        paired = paired_difference([b["pass_rate"] for b, _ in rows], [a["pass_rate"] for _, a in rows])
+        entry = {
+            "n": paired.n,
+            "before": paired.mean_before,
+            "after": paired.mean_after,
+            "diff": paired.mean_diff,
+            "ci_low": paired.ci_low,
+            "ci_high": paired.ci_high,
+            "p_value": paired.p_value,
+            "wins": paired.wins,
+            "losses": paired.losses,
+            "ties": paired.ties,
+        }
+        if name == "overall":
+            result["overall"] = entry
+        else:
+            result["domains"][name] = entry
+    return result

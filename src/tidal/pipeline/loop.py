@@ -1,0 +1,185 @@
+"""The RL loop: sample -> score -> gate -> advantages -> update, one step at a time.
+
+It reads top to bottom and is built from library parts; no part it wires knows about it.
+Every step's trajectories are written to the run folder *before* the update uses them, and a
+checkpoint (model, optimizer, schedule, RNG, mixer cursor) is written every `checkpoint_every`
+steps, so a crash loses at most the steps since the last checkpoint, and those are redone with
+the same tasks on resume.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tidal.algos.advantages import get_advantage
+from tidal.config.schema import TidalConfig
+from tidal.gate import gate_episodes
+from tidal.models.io import render_prompt
+from tidal.reward.scorer import Scorer
+from tidal.rollout.engine import EmbeddedEngine, SamplingParams
+from tidal.storage.run import RunFolder, TrajectoryWriter
+from tidal.tasks.mixer import TaskMixer
+from tidal.trainer.checkpoint import latest_checkpoint, prune_checkpoints
+from tidal.trainer.logprobs import collate
+from tidal.trainer.trainer import Trainer
+from tidal.types import Episode, Outcome, Task
+
+StepCallback = Callable[[int, dict[str, Any]], None]
+
+
+@dataclass
+class LoopParts:
+    """What the loop needs, built by the caller (quickstart/train)."""
+
+    config: TidalConfig
+    run: RunFolder
+    engine: EmbeddedEngine
+    trainer: Trainer
+    scorer: Scorer
+    mixer: TaskMixer
+    pad_id: int
+
+
+def sample_episodes(parts: LoopParts, tasks: list[Task], step: int) -> list[Episode]:
+    """Generate a group of `group_size` completions for each task, with the current weights."""
+    cfg = parts.config
+    params = SamplingParams(
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        stop=list(cfg.rollout.stop),
+        seed=cfg.run.seed * 1_000_003 + step,
+    )
+    prompts = [render_prompt(parts.engine.tokenizer, task.messages()) for task in tasks]
+    episodes: list[Episode] = []
+    for start in range(0, len(tasks), cfg.rollout.batch_prompts):
+        groups = parts.engine.generate(prompts[start : start + cfg.rollout.batch_prompts], cfg.rollout.group_size, params)
+        for offset, group in enumerate(groups):
+            index = start + offset
+            task = tasks[index]
+            group_id = f"{parts.run.name}/step-{step:06d}/g{index:03d}"
+            for k, completion in enumerate(group):
+                episodes.append(
+                    Episode(
+                        id=f"{group_id}/s{k:02d}",
+                        task_id=task.id,
+                        domain=task.domain,
+                        group_id=group_id,
+                        completion=completion,
+                    )
+                )
+    return episodes
+
+
+def assign_advantages(episodes: list[Episode], estimator: str) -> None:
+    """Group-relative advantages; samples without a valid reward neither get one nor set the baseline."""
+    groups: dict[str, list[Episode]] = defaultdict(list)
+    for episode in episodes:
+        groups[episode.group_id].append(episode)
+    size = max(len(g) for g in groups.values())
+    rewards = torch.zeros(len(groups), size)  # (G, n)
+    mask = torch.zeros(len(groups), size, dtype=torch.bool)  # (G, n)
+    for g, members in enumerate(groups.values()):
+        for k, episode in enumerate(members):
+            assert episode.score is not None
+            valid = episode.score.outcome not in (Outcome.INFRA_ERROR, Outcome.TAMPERED)
+            rewards[g, k] = episode.score.value if valid else 0.0
+            mask[g, k] = valid
+    advantages = get_advantage(estimator)(rewards, mask)  # (G, n)
+    for g, members in enumerate(groups.values()):
+        for k, episode in enumerate(members):
+            episode.advantage = float(advantages[g, k])
+
+
+def step_metrics(episodes: list[Episode], drops: dict[str, int]) -> dict[str, Any]:
+    """Reward per domain, pass rate, kept fraction, lengths, drop reasons."""
+    by_domain: dict[str, list[float]] = defaultdict(list)
+    for episode in episodes:
+        if episode.score is not None and episode.score.outcome is not Outcome.INFRA_ERROR:
+            by_domain[episode.domain].append(episode.score.value)
+    all_rewards = [r for rs in by_domain.values() for r in rs]
+    metrics: dict[str, Any] = {f"reward/{d}": sum(rs) / len(rs) for d, rs in sorted(by_domain.items())}
+    metrics["reward/mean"] = sum(all_rewards) / max(len(all_rewards), 1)
+    metrics["pass_rate"] = sum(e.score is not None and e.score.outcome is Outcome.PASSED for e in episodes) / len(episodes)
+    metrics["kept_fraction"] = sum(e.keep for e in episodes) / len(episodes)
+    metrics["completion_tokens"] = sum(len(e.completion.token_ids) for e in episodes)
+    metrics["mean_completion_length"] = metrics["completion_tokens"] / len(episodes)
+    for reason, count in drops.items():
+        metrics[f"drop/{reason}"] = count
+    return metrics
+
+
+def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None = None) -> int:
+    """Train from `start_step` to `trainer.steps`. Returns the number of steps taken now."""
+    cfg = parts.config
+    writer = TrajectoryWriter(parts.run)
+    taken = 0
+    for step in range(start_step, cfg.trainer.steps):
+        timings: dict[str, float] = {}
+        began = time.perf_counter()
+
+        tasks = parts.mixer.sample(cfg.tasks.tasks_per_step)
+        tasks_by_id = {task.id: task for task in tasks}
+        episodes = sample_episodes(parts, tasks, step)
+        timings["generate_s"] = time.perf_counter() - began
+
+        mark = time.perf_counter()
+        scores = parts.scorer.score_many([(tasks_by_id[e.task_id], e.completion.text) for e in episodes])
+        for episode, score in zip(episodes, scores):
+            episode.score = score
+        timings["score_s"] = time.perf_counter() - mark
+
+        drops = gate_episodes(episodes, cfg.gate, cfg.rollout.max_new_tokens)
+        assign_advantages(episodes, cfg.algorithm.advantage)
+        kept = [e for e in episodes if e.keep]
+        # Stored before the update may use them: a crash never loses a trajectory that was trained on.
+        writer.write_step(step, [e.to_record() for e in episodes])
+
+        mark = time.perf_counter()
+        train_metrics: dict[str, float] = {}
+        if kept:
+            batch = collate(kept, parts.pad_id, parts.trainer.device)
+            train_metrics = parts.trainer.rl_step(batch)
+        parts.engine.update_weights(None, version=step + 1)
+        timings["train_s"] = time.perf_counter() - mark
+        timings["step_s"] = time.perf_counter() - began
+
+        metrics = {"step": step + 1, "phase": "rl", **step_metrics(episodes, drops), **train_metrics, **timings}
+        metrics["tokens_per_s"] = metrics["completion_tokens"] / max(timings["generate_s"], 1e-9)
+        metrics["trained_samples"] = len(kept)
+        parts.run.append_metrics(metrics)
+        taken += 1
+
+        if (step + 1) % cfg.trainer.checkpoint_every == 0 or step + 1 == cfg.trainer.steps:
+            save_rl_checkpoint(parts, step + 1)
+        if on_step:
+            on_step(step + 1, metrics)
+    return taken
+
+
+def save_rl_checkpoint(parts: LoopParts, step: int) -> None:
+    root = parts.run.checkpoints_dir / "rl"
+    parts.trainer.save(
+        root / f"step-{step:06d}",
+        step,
+        extra={"mixer": parts.mixer.state_dict(), "weight_version": step},
+        tokenizer=parts.engine.tokenizer,
+    )
+    prune_checkpoints(root, parts.config.trainer.keep_checkpoints)
+
+
+def resume_rl(parts: LoopParts) -> int:
+    """Restore the latest RL checkpoint of the run, if any. Returns the step to continue from."""
+    latest = latest_checkpoint(parts.run.checkpoints_dir / "rl")
+    if latest is None:
+        return 0
+    step, extra = parts.trainer.load(latest)
+    parts.mixer.load_state_dict(extra["mixer"])
+    parts.engine.update_weights(None, version=int(extra.get("weight_version", step)))
+    return step

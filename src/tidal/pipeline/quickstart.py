@@ -1,0 +1,223 @@
+"""The main job, phase by phase: tasks -> warm start -> eval before -> RL -> eval after -> report.
+
+`run.json`'s sibling `state.json` records which phases are done, so `tidal train RUN_FOLDER`
+resumes a crashed or interrupted run where it stopped: finished phases are skipped, RL continues
+from its latest checkpoint, and everything already written (trajectories, checkpoints, eval
+records) is kept.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tidal.config import load_config, save_config
+from tidal.config.schema import TidalConfig
+from tidal.errors import CheckpointError, ConfigError
+from tidal.eval.heldout import compare, evaluate_policy, pass_rates
+from tidal.eval.report import write_report
+from tidal.models.io import count_parameters, load_model, resolve_device, save_checkpoint
+from tidal.pipeline.loop import LoopParts, resume_rl, run_rl
+from tidal.pipeline.warmstart import warm_start
+from tidal.reward import known_verifiers
+from tidal.reward.scorer import Scorer
+from tidal.rollout.engine import EmbeddedEngine
+from tidal.storage.run import RunFolder
+from tidal.tasks import generate_tasks, load_tasks, write_tasks
+from tidal.tasks.mixer import TaskMixer
+from tidal.telemetry.progress import ProgressDisplay, rl_status
+from tidal.trainer.checkpoint import latest_checkpoint
+from tidal.trainer.trainer import Trainer
+from tidal.types import Task
+
+logger = logging.getLogger(__name__)
+
+
+def find_config(name: str) -> Path:
+    """A shipped config by name: `$TIDAL_CONFIGS/<name>.yaml`, else the checkout's `configs/`."""
+    roots = [Path(os.environ["TIDAL_CONFIGS"])] if "TIDAL_CONFIGS" in os.environ else []
+    roots.append(Path(__file__).resolve().parents[3] / "configs")
+    for root in roots:
+        if (root / f"{name}.yaml").is_file():
+            return root / f"{name}.yaml"
+    raise ConfigError([f"{name}.yaml not found in {', '.join(map(str, roots))}; pass --config"], source="configs")
+
+
+def build_tasks(cfg: TidalConfig) -> tuple[dict[str, list[Task]], list[Task]]:
+    """Train tasks per domain (the mixer's keys) and all eval tasks, from families and files."""
+    train: dict[str, list[Task]] = {}
+    evaluation: list[Task] = []
+    verifiers = known_verifiers()
+    for name, domain in cfg.tasks.domains.items():
+        tasks: list[Task] = []
+        if domain.family:
+            args = (cfg.tasks.seed, domain.min_difficulty, domain.max_difficulty)
+            tasks += generate_tasks(domain.family, domain.n_train, "train", *args) if domain.n_train else []
+            tasks += generate_tasks(domain.family, domain.n_eval, "eval", *args) if domain.n_eval else []
+        if domain.sources:
+            tasks += load_tasks(domain.sources, known_verifiers=verifiers)
+        train[name] = [t for t in tasks if t.split == "train"]
+        evaluation += [t for t in tasks if t.split == "eval"]
+    return train, evaluation
+
+
+class Job:
+    """One run of the main job in one run folder."""
+
+    def __init__(self, cfg: TidalConfig, run: RunFolder) -> None:
+        self.cfg, self.run = cfg, run
+        self.state: dict[str, Any] = run.read_json("state.json") if (run.path / "state.json").exists() else {}
+        self.started = time.perf_counter()
+
+    def mark(self, phase: str, value: Any = True) -> None:
+        self.state[phase] = value
+        self.run.write_json("state.json", self.state)
+
+    def execute(self) -> Path:
+        cfg, run = self.cfg, self.run
+        torch.manual_seed(cfg.run.seed)
+        device = resolve_device(cfg.model.device)
+        train_by_domain, eval_tasks = build_tasks(cfg)
+        if "tasks" not in self.state:
+            write_tasks([t for ts in train_by_domain.values() for t in ts], run.path / "tasks" / "train.jsonl")
+            write_tasks(eval_tasks, run.path / "tasks" / "eval.jsonl")
+            self.mark("tasks")
+        loaded = load_model(cfg.model, device)
+        model, tokenizer = loaded.model, loaded.tokenizer
+        scorer = Scorer(cfg.reward)
+        engine = EmbeddedEngine(model, tokenizer, device)
+
+        with ProgressDisplay(cfg.run.progress) as progress:
+            progress.log(f"run folder: {run.path}  model: {loaded.source} ({count_parameters(model) / 1e6:.2f}M params)")
+            warm_dir = run.checkpoints_dir / "warm-start"
+            if cfg.warm_start.enabled and "warm_start" not in self.state:
+                progress.phase("warm start", cfg.warm_start.steps)
+                train_tasks = [t for ts in train_by_domain.values() for t in ts]
+
+                def on_sft(step: int, m: dict[str, float]) -> None:
+                    progress.update("warm start", step, f"loss {m['loss']:.3f}")
+                    if step % 25 == 0 or step == cfg.warm_start.steps:
+                        run.append_metrics({"phase": "warm_start", "step": step, **m})
+
+                warm_start(model, tokenizer, train_tasks, cfg.warm_start, device, cfg.run.seed, on_sft)
+                save_checkpoint(model, tokenizer, warm_dir)
+                self.mark("warm_start")
+            elif cfg.warm_start.enabled:
+                self._load_weights(model, warm_dir / "model" if (warm_dir / "model").exists() else warm_dir)
+
+            reference = copy.deepcopy(model).eval() if cfg.algorithm.kl_coef > 0 else None
+            before = self._evaluate("before", engine, scorer, eval_tasks, progress)
+
+            trainer = Trainer(
+                model, cfg.trainer, cfg.algorithm, device, total_steps=cfg.trainer.steps,
+                temperature=max(cfg.rollout.temperature, 1e-3), ref_model=reference,
+                max_tokens=cfg.rollout.max_new_tokens,
+            )
+            weights = {name: d.weight for name, d in cfg.tasks.domains.items()}
+            mixer = TaskMixer(train_by_domain, weights, cfg.run.seed)
+            parts = LoopParts(cfg, run, engine, trainer, scorer, mixer, tokenizer.pad_token_id)
+            start = resume_rl(parts) if cfg.run.resume else 0
+            progress.phase("rl", cfg.trainer.steps, start)
+            rl_began = time.perf_counter()
+
+            def on_step(step: int, metrics: dict[str, Any]) -> None:
+                progress.update("rl", step, rl_status(metrics))
+                if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
+                    records = self._evaluate(f"step-{step:06d}", engine, scorer, eval_tasks, progress, force=True)
+                    rates = pass_rates(records)
+                    run.append_metrics({"phase": "eval", "step": step, **{f"eval/{d}": r["pass_rate"] for d, r in rates.items()}})
+
+            run_rl(parts, start, on_step)
+            self.mark("rl", cfg.trainer.steps)
+            rl_seconds = time.perf_counter() - rl_began
+            after = self._evaluate("after", engine, scorer, eval_tasks, progress, force=True)
+
+        summary = self._summary(loaded.source, count_parameters(model), before, after, rl_seconds)
+        run.write_json("summary.json", summary)
+        report = write_report(run.report_path, summary, run.read_metrics())
+        self.mark("done")
+        return report
+
+    def _load_weights(self, model: torch.nn.Module, folder: Path) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{folder}: no *.safetensors to resume the warm start from")
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        model.load_state_dict(state, strict=False)
+
+    def _evaluate(
+        self, tag: str, engine: EmbeddedEngine, scorer: Scorer, tasks: list[Task], progress: ProgressDisplay,
+        force: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Evaluate on the held-out tasks, or reuse the records of a finished earlier attempt."""
+        if f"eval_{tag}" in self.state and not force:
+            return self.run.read_eval(tag)
+        cfg = self.cfg
+        progress.phase(f"eval {tag}"[:12], len(tasks))
+        records = evaluate_policy(
+            engine, tasks, scorer.score_many,
+            samples_per_task=cfg.eval.samples_per_task, temperature=cfg.eval.temperature,
+            top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens, stop=list(cfg.rollout.stop),
+            seed=cfg.run.seed + 7_777, batch_prompts=cfg.rollout.batch_prompts,
+            on_progress=lambda done, total: progress.update(f"eval {tag}"[:12], done),
+        )
+        self.run.write_eval(tag, records)
+        self.mark(f"eval_{tag}")
+        rates = pass_rates(records)
+        progress.log(f"eval {tag}: " + "  ".join(f"{d} {r['pass_rate']:.2f}" for d, r in rates.items() if r["pass_rate"] is not None))
+        return records
+
+    def _summary(
+        self, source: str, params: int, before: list[dict[str, Any]], after: list[dict[str, Any]], rl_seconds: float
+    ) -> dict[str, Any]:
+        cfg = self.cfg
+        comparison = compare(before, after)
+        return {
+            "run": {
+                "name": self.run.name,
+                "model": source,
+                "parameters": params,
+                "steps": cfg.trainer.steps,
+                "algorithm": cfg.algorithm.advantage,
+                "eval_samples_per_task": cfg.eval.samples_per_task,
+                "eval_temperature": cfg.eval.temperature,
+                "duration_s": round(time.perf_counter() - self.started, 1),
+                "rl_seconds": round(rl_seconds, 1),
+            },
+            "before": pass_rates(before),
+            "after": pass_rates(after),
+            **comparison,
+        }
+
+
+def start_run(cfg: TidalConfig, parent: Path, name: str | None) -> RunFolder:
+    run = RunFolder.create(parent, name or cfg.run.name)
+    save_config(cfg, run.config_path)
+    return run
+
+
+def run_quickstart(config: Path | None, overrides: list[str], out: Path, name: str | None, smoke: bool = False) -> Path:
+    path = config or find_config("smoke" if smoke else "quickstart")
+    cfg = load_config(path, overrides)
+    return Job(cfg, start_run(cfg, out, name)).execute()
+
+
+def run_training(target: Path, overrides: list[str]) -> Path:
+    """A config file starts a new run; a run folder resumes (with its saved config + overrides)."""
+    if target.is_dir():
+        run = RunFolder.open(target)
+        cfg = load_config(run.config_path, overrides)
+        save_config(cfg, run.config_path)
+        return Job(cfg, run).execute()
+    cfg = load_config(target, overrides)
+    return Job(cfg, start_run(cfg, Path(cfg.run.dir), cfg.run.name)).execute()

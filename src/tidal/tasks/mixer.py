@@ -1,0 +1,80 @@
+"""The domain mixer: which train tasks each RL step uses.
+
+Domain weights decide how many of a step's tasks each domain contributes. Fractions carry over
+between steps as credit (a domain with weight 0.1 of 16 tasks gets 1 task most steps and 2 every
+few), so the long-run share matches the weights exactly. Each domain walks a seeded permutation of
+its tasks, reshuffled per epoch. The whole state is a small JSON dict saved in checkpoints, so a
+resumed run continues with exactly the tasks the uninterrupted run would have used.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from tidal.types import Task
+
+
+class TaskMixer:
+    def __init__(self, tasks_by_domain: dict[str, list[Task]], weights: dict[str, float], seed: int) -> None:
+        unknown = set(weights) - set(tasks_by_domain)
+        if unknown:
+            raise ValueError(f"weights for domains without tasks: {sorted(unknown)}")
+        self.tasks = {d: ts for d, ts in sorted(tasks_by_domain.items()) if ts and weights.get(d, 0) > 0}
+        if not self.tasks:
+            raise ValueError("no domain has both tasks and a positive weight")
+        total = sum(weights[d] for d in self.tasks)
+        self.weights = {d: weights[d] / total for d in self.tasks}
+        self.seed = seed
+        self.credit = {d: 0.0 for d in self.tasks}
+        self.epoch = {d: 0 for d in self.tasks}
+        self.cursor = {d: 0 for d in self.tasks}
+        self._orders: dict[str, tuple[int, list[int]]] = {}
+
+    def _order(self, domain: str) -> list[int]:
+        epoch = self.epoch[domain]
+        cached = self._orders.get(domain)
+        if cached is None or cached[0] != epoch:
+            order = list(range(len(self.tasks[domain])))
+            random.Random(f"{self.seed}:{domain}:{epoch}").shuffle(order)
+            self._orders[domain] = (epoch, order)
+        return self._orders[domain][1]
+
+    def allocate(self, n: int) -> dict[str, int]:
+        """How many of `n` tasks each domain gets this step (largest credit first on ties)."""
+        for domain, weight in self.weights.items():
+            self.credit[domain] += weight * n
+        counts = {d: int(c) for d, c in self.credit.items()}
+        leftover = n - sum(counts.values())
+        by_remainder = sorted(self.credit, key=lambda d: (self.credit[d] - counts[d], d), reverse=True)
+        for domain in by_remainder[:leftover]:
+            counts[domain] += 1
+        for domain, count in counts.items():
+            self.credit[domain] -= count
+        return counts
+
+    def sample(self, n: int) -> list[Task]:
+        """The next `n` tasks, grouped by domain in a stable order."""
+        chosen: list[Task] = []
+        for domain, count in self.allocate(n).items():
+            tasks = self.tasks[domain]
+            for _ in range(count):
+                order = self._order(domain)
+                chosen.append(tasks[order[self.cursor[domain]]])
+                self.cursor[domain] += 1
+                if self.cursor[domain] >= len(tasks):
+                    self.cursor[domain] = 0
+                    self.epoch[domain] += 1
+        return chosen
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"credit": dict(self.credit), "epoch": dict(self.epoch), "cursor": dict(self.cursor)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("credit", "epoch", "cursor"):
+            saved = state.get(key, {})
+            if set(saved) != set(self.tasks):
+                raise ValueError(f"mixer state is for domains {sorted(saved)}, this run has {sorted(self.tasks)}")
+        self.credit = {d: float(v) for d, v in state["credit"].items()}
+        self.epoch = {d: int(v) for d, v in state["epoch"].items()}
+        self.cursor = {d: int(v) for d, v in state["cursor"].items()}
