@@ -102,6 +102,9 @@ def compare(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -
     domains = sorted({b["domain"] for b, _ in pairs})
     for name in [*domains, "overall"]:
         rows = [(b, a) for b, a in pairs if name == "overall" or b["domain"] == name]
+        if not rows:
+            result["overall"] = {"n": 0, "before": None, "after": None, "diff": None, "ci_low": None, "ci_high": None}
+            continue
         paired = paired_difference([b["pass_rate"] for b, _ in rows], [a["pass_rate"] for _, a in rows])
         entry = {
             "n": paired.n,

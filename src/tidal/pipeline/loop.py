@@ -15,9 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from tidal.algos.advantages import get_advantage
+from tidal.algos import assign_advantages
 from tidal.config.schema import TidalConfig
 from tidal.gate import gate_episodes
 from tidal.models.io import render_prompt
@@ -75,26 +73,6 @@ def sample_episodes(parts: LoopParts, tasks: list[Task], step: int) -> list[Epis
                     )
                 )
     return episodes
-
-
-def assign_advantages(episodes: list[Episode], estimator: str) -> None:
-    """Group-relative advantages; samples without a valid reward neither get one nor set the baseline."""
-    groups: dict[str, list[Episode]] = defaultdict(list)
-    for episode in episodes:
-        groups[episode.group_id].append(episode)
-    size = max(len(g) for g in groups.values())
-    rewards = torch.zeros(len(groups), size)  # (G, n)
-    mask = torch.zeros(len(groups), size, dtype=torch.bool)  # (G, n)
-    for g, members in enumerate(groups.values()):
-        for k, episode in enumerate(members):
-            assert episode.score is not None
-            valid = episode.score.outcome not in (Outcome.INFRA_ERROR, Outcome.TAMPERED)
-            rewards[g, k] = episode.score.value if valid else 0.0
-            mask[g, k] = valid
-    advantages = get_advantage(estimator)(rewards, mask)  # (G, n)
-    for g, members in enumerate(groups.values()):
-        for k, episode in enumerate(members):
-            episode.advantage = float(advantages[g, k])
 
 
 def step_metrics(episodes: list[Episode], drops: dict[str, int]) -> dict[str, Any]:

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up a virtual environment in .venv with tidal and its dependencies. torch is pinned to the
+# CPU build on this machine's disk (an unpinned torch pulls a multi-GB CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! command -v bwrap >/dev/null 2>&1; then
+    echo "installing bubblewrap (the sandbox for model-written code)" >&2
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq bubblewrap
+    else sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap; fi
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e .

@@ -1,0 +1,120 @@
+"""Group-relative advantage estimators, picked by name from `ADVANTAGES`.
+
+Each estimator takes the rewards of G groups of n samples of the same prompt and a mask of the
+samples whose reward is valid (scored, not an infrastructure error). Invalid samples get
+advantage 0 and are left out of their group's baseline; a group with fewer valid samples than
+the estimator needs gets advantage 0 throughout.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from tidal.errors import UnknownNameError
+from tidal.types import Episode, Outcome
+
+AdvantageFn = Callable[[Tensor, Tensor], Tensor]
+
+EPS = 1e-6
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-group mean over the valid samples, and the number of valid samples."""
+    weights = mask.to(values.dtype)  # (G, n)
+    count = weights.sum(dim=-1, keepdim=True)  # (G, 1)
+    mean = (values * weights).sum(dim=-1, keepdim=True) / count.clamp(min=1)  # (G, 1)
+    return mean, count
+
+
+def _clean(rewards: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    # An invalid sample may carry NaN; zero it so it cannot leak into sums.
+    mask = mask.bool()
+    values = rewards if rewards.is_floating_point() else rewards.float()
+    return torch.where(mask, values, torch.zeros_like(values)), mask
+
+
+def grpo(rewards: Tensor, mask: Tensor) -> Tensor:
+    """GRPO (Shao et al., 2024): (r - group mean) / (group std + eps).
+
+    Differs from the paper: the std is the population std (divide by n, not n - 1), so a group
+    of one valid sample gets advantage 0 instead of a division by zero.
+    """
+    rewards, mask = _clean(rewards, mask)  # (G, n)
+    mean, count = _masked_mean(rewards, mask)
+    centred = (rewards - mean) * mask  # (G, n)
+    std = ((centred**2).sum(dim=-1, keepdim=True) / count.clamp(min=1)).sqrt()  # (G, 1)
+    return centred / (std + EPS)
+
+
+def dr_grpo(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Dr. GRPO (Liu et al., 2025): r - group mean, without the std division of GRPO.
+
+    The paper's other change, normalising the loss by a constant instead of the sequence length,
+    is the `token_sum` aggregation of the loss, chosen separately.
+    """
+    rewards, mask = _clean(rewards, mask)
+    mean, _ = _masked_mean(rewards, mask)
+    return (rewards - mean) * mask
+
+
+def rloo(rewards: Tensor, mask: Tensor) -> Tensor:
+    """RLOO (Ahmadian et al., 2024): r - mean of the other valid samples of the group.
+
+    As in the paper, k valid samples give k/(k-1) * (r - mean); a group with one valid sample
+    has no baseline and gets 0.
+    """
+    rewards, mask = _clean(rewards, mask)
+    total = (rewards * mask).sum(dim=-1, keepdim=True)  # (G, 1)
+    count = mask.sum(dim=-1, keepdim=True).to(rewards.dtype)  # (G, 1)
+    others = (total - rewards) / (count - 1).clamp(min=1)  # (G, n)
+    has_baseline = mask & (count > 1)
+    return torch.where(has_baseline, rewards - others, torch.zeros_like(rewards))
+
+
+ADVANTAGES: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo}
+
+
+def get_advantage(name: str) -> AdvantageFn:
+    """The estimator registered under `name`; an unknown name raises with the known ones."""
+    if name not in ADVANTAGES:
+        raise UnknownNameError("advantage estimator", name, list(ADVANTAGES))
+    return ADVANTAGES[name]
+
+
+def has_valid_reward(episode: Episode) -> bool:
+    """Whether the episode's reward may train: scored, finite, and not an infrastructure error."""
+    score = episode.score
+    if score is None or score.outcome == Outcome.INFRA_ERROR:
+        return False
+    return bool(torch.isfinite(torch.tensor(float(score.value))))
+
+
+def assign_advantages(episodes: list[Episode], name: str) -> None:
+    """Set `episode.advantage` for every episode, grouping them by `group_id`.
+
+    Episodes without a valid reward (see `has_valid_reward`) get 0 and stay out of the baseline.
+    Groups of different sizes are padded with invalid samples.
+    """
+    estimator = get_advantage(name)
+    if not episodes:
+        return
+    groups: dict[str, list[Episode]] = defaultdict(list)
+    for episode in episodes:
+        groups[episode.group_id].append(episode)
+    members = list(groups.values())
+    width = max(len(group) for group in members)
+    rewards = torch.zeros(len(members), width)  # (G, n)
+    mask = torch.zeros(len(members), width, dtype=torch.bool)  # (G, n)
+    for g, group in enumerate(members):
+        for i, episode in enumerate(group):
+            if has_valid_reward(episode):
+                rewards[g, i] = float(episode.score.value)  # type: ignore[union-attr]
+                mask[g, i] = True
+    advantages = estimator(rewards, mask)  # (G, n)
+    for g, group in enumerate(members):
+        for i, episode in enumerate(group):
+            episode.advantage = float(advantages[g, i]) if mask[g, i] else 0.0

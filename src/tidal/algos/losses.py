@@ -1,0 +1,140 @@
+"""Policy losses and the per-token terms added to them (KL to a reference, entropy).
+
+A loss is computed per token and then aggregated over the completion tokens of the batch in one
+of three ways (`aggregate`). When the trainer splits a batch into micro-batches it passes the
+whole batch's `denominator` (see `loss_denominator`), so the micro-batch losses sum to the loss
+of the whole batch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal
+
+import torch
+from torch import Tensor
+
+from tidal.errors import UnknownNameError
+
+Aggregation = Literal["token", "sequence", "token_sum"]
+AGGREGATIONS: tuple[str, ...] = ("token", "sequence", "token_sum")
+
+
+def loss_denominator(mask: Tensor, aggregation: Aggregation) -> float:
+    """The normaliser of `aggregate` for this mask: masked tokens (token) or sequences (others)."""
+    if aggregation == "token":
+        return float(mask.sum())
+    if aggregation in ("sequence", "token_sum"):
+        return float(mask.shape[0])
+    raise UnknownNameError("loss aggregation", aggregation, list(AGGREGATIONS))
+
+
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    aggregation: Aggregation,
+    max_tokens: int | None = None,
+    denominator: float | None = None,
+) -> Tensor:
+    """Reduce a per-token loss (B, T) over the masked tokens to a scalar.
+
+    token: sum over all masked tokens / their number (long answers weigh more, DAPO).
+    sequence: mean over sequences of each sequence's token mean (the original GRPO).
+    token_sum: sum over all masked tokens / (max_tokens * B), a constant (Dr. GRPO).
+    `denominator` replaces this batch's own normaliser (tokens for token, B otherwise).
+    """
+    mask = mask.to(per_token.dtype)  # (B, T)
+    # where, not a product alone: padding positions may hold inf or NaN.
+    weighted = torch.where(mask > 0, per_token * mask, torch.zeros_like(per_token))  # (B, T)
+    if aggregation == "token":
+        numerator = weighted.sum()
+    elif aggregation == "sequence":
+        lengths = mask.sum(dim=-1).clamp(min=1)  # (B,)
+        numerator = (weighted.sum(dim=-1) / lengths).sum()
+    elif aggregation == "token_sum":
+        if max_tokens is None or max_tokens <= 0:
+            raise ValueError("aggregation 'token_sum' needs max_tokens > 0 (the generation budget)")
+        numerator = weighted.sum() / max_tokens
+    else:
+        raise UnknownNameError("loss aggregation", aggregation, list(AGGREGATIONS))
+    if denominator is None:
+        denominator = loss_denominator(mask, aggregation)
+    return numerator / max(denominator, 1.0)
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> float:
+    count = float(mask.sum())
+    return float((values * mask).sum()) / count if count > 0 else 0.0
+
+
+def ppo_clip_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    aggregation: Aggregation = "token",
+    max_tokens: int | None = None,
+    denominator: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO's clipped surrogate with separate lower and upper clip ranges.
+
+    Differs from PPO (Schulman et al., 2017) by the asymmetric range [1 - clip_low,
+    1 + clip_high] ("clip-higher", DAPO) that leaves low-probability tokens room to grow.
+    Shapes: logprobs, old_logprobs, mask (B, T); advantages (B,). Metrics are token means over
+    the masked tokens of this batch: `clip_low_frac`/`clip_high_frac` are the tokens whose
+    gradient the clip removed, `approx_kl` is the k3 estimate of KL(old || new).
+    """
+    mask = mask.to(logprobs.dtype)  # (B, T)
+    # 0 off the mask, where padding may hold anything, keeps exp finite.
+    log_ratio = torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    adv = advantages.to(logprobs.dtype).unsqueeze(-1)  # (B, 1)
+    unclipped = ratio * adv  # (B, T)
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # (B, T)
+    per_token = -torch.minimum(unclipped, clipped)  # (B, T)
+    loss = aggregate(per_token, mask, aggregation, max_tokens, denominator)
+
+    with torch.no_grad():
+        low = ((ratio < 1.0 - clip_low) & (adv < 0)).to(mask.dtype)  # (B, T)
+        high = ((ratio > 1.0 + clip_high) & (adv > 0)).to(mask.dtype)  # (B, T)
+        metrics = {
+            "clip_low_frac": _masked_mean(low, mask),
+            "clip_high_frac": _masked_mean(high, mask),
+            "ratio_mean": _masked_mean(ratio, mask),
+            "approx_kl": _masked_mean((ratio - 1.0) - log_ratio, mask),
+        }
+    return loss, metrics
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: Literal["k1", "k3"] = "k3") -> Tensor:
+    """Per-token estimate (B, T) of KL(policy || reference) on tokens sampled from the policy.
+
+    k1 = logp - logp_ref (unbiased, can be negative); k3 = exp(ref - logp) - (ref - logp) - 1
+    (Schulman's low-variance, always >= 0 estimator, used by GRPO).
+    """
+    if estimator == "k1":
+        return logprobs - ref_logprobs
+    if estimator == "k3":
+        delta = ref_logprobs - logprobs  # (B, T)
+        return torch.exp(delta) - delta - 1.0
+    raise UnknownNameError("KL estimator", estimator, ["k1", "k3"])
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy (B, T) of the softmax of logits (B, T, V), in fp32 or wider."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    log_z = torch.logsumexp(logits, dim=-1)  # (B, T)
+    probs = torch.softmax(logits, dim=-1)  # (B, T, V)
+    return log_z - (probs * logits).sum(dim=-1)
+
+
+LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+LOSSES: dict[str, LossFn] = {"ppo_clip": ppo_clip_loss}
+
+
+def get_loss(name: str) -> LossFn:
+    """The policy loss registered under `name`; an unknown name raises with the known ones."""
+    if name not in LOSSES:
+        raise UnknownNameError("policy loss", name, list(LOSSES))
+    return LOSSES[name]

@@ -1,0 +1,416 @@
+"""Run folders on the local disk: config, metrics, trajectories, eval records, summary, report.
+
+Layout of one run (`runs/<name>/`):
+
+    run.json              marker written by `RunFolder.create` (name, creation time, format)
+    config.yaml           the resolved config (written by the caller with `save_config`)
+    metrics.jsonl         one JSON object per line, appended and fsynced per row
+    trajectories/         step-000123.jsonl: the episode records of one RL step
+    checkpoints/          owned by the trainer
+    eval/<tag>.jsonl      per-task eval records, e.g. eval/before.jsonl, eval/after.jsonl
+    summary.json          the run's results (`write_json`)
+    report.html           the HTML report
+
+Crash safety: a metrics row is one `write` + flush + fsync, so at most the last line can be torn;
+it is skipped (with a warning) on reading and cut off before the next append. Everything else is
+written whole to a temporary file in the same folder, fsynced and renamed over the target, so a
+reader sees either the old file or the new one, never half of one. Rewriting a step after a
+resume therefore replaces it instead of duplicating it.
+
+JSON is written with Python's `json`, which keeps NaN and ±Infinity as the tokens `NaN` and
+`Infinity` (a NaN loss is information); strict JSON parsers reject those tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from tidal.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+MARKER = "run.json"
+FORMAT_VERSION = 1
+_STEP_FILE = re.compile(r"^step-(\d+)\.jsonl$")
+_SAFE_TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+=-]*$")
+
+
+# ------------------------------------------------------------------------------------------------
+# Atomic writes
+
+
+def _json_default(value: Any) -> Any:
+    """Serialise numpy scalars/arrays, paths and sets, which rows from the trainer often carry."""
+    if hasattr(value, "tolist"):  # numpy arrays and scalars, torch tensors
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def dumps(obj: Any, *, indent: int | None = None) -> str:
+    """`obj` as JSON text: UTF-8 kept readable, numpy values converted."""
+    separators = None if indent else (",", ":")
+    return json.dumps(obj, ensure_ascii=False, default=_json_default, indent=indent, separators=separators)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in `path` durable. Not every platform can open a folder; then skip."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: Path) -> Iterator[IO[str]]:
+    """Open a temporary file next to `path` for writing text; on success fsync it and rename it
+    over `path`. On an exception the temporary file is removed and `path` is left untouched."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    temp = Path(temp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def write_jsonl_atomic(path: Path, records: list[dict[str, Any]]) -> None:
+    """Write `records` as JSON lines to `path`, whole or not at all."""
+    with atomic_writer(path) as handle:
+        for record in records:
+            handle.write(dumps(record))
+            handle.write("\n")
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Records of a JSON-lines file; a malformed line raises CheckpointError with file and line."""
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as error:
+                raise CheckpointError(f"{path}:{number}: not valid JSON ({error.msg}); the file is damaged") from None
+
+
+# ------------------------------------------------------------------------------------------------
+# Run folder
+
+
+class RunFolder:
+    """One run directory. Create it with `RunFolder.create`, open an existing one with `.open`."""
+
+    def __init__(self, path: Path) -> None:
+        # Use `create` or `open`; the constructor trusts that `path` is a run folder.
+        self.path = Path(path)
+
+    # -- construction --------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, parent: str | Path, name: str | None = None, *, exist_ok: bool = False) -> RunFolder:
+        """Make a new run folder `parent/name` (default name: the UTC time, `YYYYmmdd-HHMMSS`).
+
+        A default name that is taken gets a suffix (`-2`, `-3`, ...). A given name that already
+        holds a run raises CheckpointError unless `exist_ok`, in which case that run is opened
+        (resume). A given name that holds something other than a run always raises.
+        """
+        parent = Path(parent)
+        parent.mkdir(parents=True, exist_ok=True)
+        if name is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+            path, suffix = parent / stamp, 1
+            while True:
+                try:
+                    path.mkdir()
+                    break
+                except FileExistsError:
+                    suffix += 1
+                    path = parent / f"{stamp}-{suffix}"
+        else:
+            if not name or name in (".", "..") or "/" in name or "\\" in name:
+                raise CheckpointError(f"run name {name!r}: give a plain folder name, without slashes")
+            path = parent / name
+            if (path / MARKER).is_file():
+                if exist_ok:
+                    return cls.open(path)
+                raise CheckpointError(
+                    f"{path}: a run with this name already exists; choose another name, or resume it"
+                )
+            if path.exists() and (not path.is_dir() or any(path.iterdir())):
+                raise CheckpointError(f"{path}: exists and is not a tidal run folder; choose another name")
+            path.mkdir(exist_ok=True)
+        run = cls(path)
+        for folder in (run.trajectories_dir, run.checkpoints_dir, run.eval_dir):
+            folder.mkdir(exist_ok=True)
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        run.write_json(MARKER, {"format": FORMAT_VERSION, "name": path.name, "created_utc": created})
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunFolder:
+        """Open an existing run folder; raises CheckpointError when `path` is not one."""
+        path = Path(path)
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: no such run folder")
+        marker = path / MARKER
+        if not marker.is_file():
+            raise CheckpointError(f"{path}: not a tidal run folder (no {MARKER}); create runs with RunFolder.create")
+        try:
+            info = json.loads(marker.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CheckpointError(f"{marker}: damaged run marker (not JSON)") from None
+        version = info.get("format") if isinstance(info, dict) else None
+        if version != FORMAT_VERSION:
+            raise CheckpointError(f"{marker}: run format {version!r}, this tidal reads format {FORMAT_VERSION}")
+        return cls(path)
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def trajectories_dir(self) -> Path:
+        return self.path / "trajectories"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.path / "eval"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def report_path(self) -> Path:
+        return self.path / "report.html"
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        """Append one row to metrics.jsonl and fsync it, so a crash loses at most this row."""
+        line = dumps(row) + "\n"  # JSON escapes newlines inside strings: one row, one line
+        self._cut_torn_tail()
+        with self.metrics_path.open("a", encoding="utf-8", newline="\n") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """All metrics rows in order. A torn last line (a crash mid-write) is skipped with a
+        warning; a malformed line before the last raises CheckpointError."""
+        if not self.metrics_path.is_file():
+            return []
+        lines = self.metrics_path.read_bytes().split(b"\n")
+        rows: list[dict[str, Any]] = []
+        last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+        for index, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line.decode("utf-8")))
+            except (json.JSONDecodeError, UnicodeDecodeError) as error:
+                where = f"{self.metrics_path}:{index + 1}"
+                reason = getattr(error, "msg", None) or str(error)
+                if index == last:
+                    logger.warning("%s: skipped a torn last line (%s), left by an interrupted write", where, reason)
+                    continue
+                raise CheckpointError(f"{where}: not valid JSON ({reason}); the metrics file is damaged") from None
+        return rows
+
+    def _cut_torn_tail(self) -> None:
+        """If the file does not end in a newline, a crash tore the last row: drop the partial
+        line (or, if it happens to be complete JSON, just end it) before appending."""
+        path = self.metrics_path
+        if not path.is_file():
+            return
+        with path.open("rb+") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if size == 0:
+                return
+            handle.seek(size - 1)
+            if handle.read(1) == b"\n":
+                return
+            start = _last_line_start(handle, size)
+            handle.seek(start)
+            tail = handle.read()
+            try:
+                json.loads(tail.decode("utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                logger.warning("%s: dropped a torn last line of %d bytes before appending", path, len(tail))
+                handle.truncate(start)
+            else:
+                handle.seek(0, os.SEEK_END)
+                handle.write(b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    # -- JSON documents ------------------------------------------------------------------------
+
+    def _inside(self, name: str | Path) -> Path:
+        relative = Path(name)
+        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+            raise ValueError(f"{name!s}: give a path inside the run folder, e.g. 'summary.json'")
+        return self.path / relative
+
+    def write_json(self, name: str | Path, obj: Any) -> Path:
+        """Write `obj` as indented JSON to `name` (relative to the run folder), atomically."""
+        path = self._inside(name)
+        with atomic_writer(path) as handle:
+            handle.write(dumps(obj, indent=2))
+            handle.write("\n")
+        return path
+
+    def read_json(self, name: str | Path) -> Any:
+        """Read a JSON document written with `write_json`."""
+        path = self._inside(name)
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: not written yet") from None
+        except json.JSONDecodeError as error:
+            raise CheckpointError(f"{path}:{error.lineno}: not valid JSON ({error.msg})") from None
+
+
+def _last_line_start(handle: IO[bytes], size: int, block: int = 1 << 16) -> int:
+    """Offset just after the last newline of a binary file (0 if it has none)."""
+    end = size
+    while end > 0:
+        start = max(0, end - block)
+        handle.seek(start)
+        chunk = handle.read(end - start)
+        position = chunk.rfind(b"\n")
+        if position >= 0:
+            return start + position + 1
+        end = start
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Trajectories and eval records
+
+
+class TrajectoryWriter:
+    """Episode records of a run, one JSON-lines file per RL step, plus per-tag eval records.
+
+    `write_step` replaces the whole file of a step atomically, so writing a step again after a
+    resume yields the same single file, never a duplicate or a half-written one.
+    """
+
+    def __init__(self, run: RunFolder) -> None:
+        self.run = run
+
+    def step_path(self, step: int) -> Path:
+        return self.run.trajectories_dir / f"step-{step:06d}.jsonl"
+
+    def write_step(self, step: int, records: list[dict[str, Any]]) -> Path:
+        """Write the records of `step` (replacing any earlier file of that step)."""
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        path = self.step_path(step)
+        write_jsonl_atomic(path, records)
+        return path
+
+    def steps(self) -> list[int]:
+        """The steps written so far, in increasing order."""
+        folder = self.run.trajectories_dir
+        if not folder.is_dir():
+            return []
+        found = (_STEP_FILE.match(entry.name) for entry in folder.iterdir())
+        return sorted(int(match.group(1)) for match in found if match)
+
+    def read_step(self, step: int) -> list[dict[str, Any]]:
+        path = self.step_path(step)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: step {step} has no trajectories in {self.run.path}")
+        return list(read_jsonl(path))
+
+    def read_all(self) -> Iterator[dict[str, Any]]:
+        """Every record, in step order (numeric, so step 1000000 comes after 999999)."""
+        for step in self.steps():
+            yield from read_jsonl(self.step_path(step))
+
+    def find(self, id: str) -> dict[str, Any] | None:
+        """The record whose `id` is `id`, or None. A linear scan: the text of the encoded id is
+        looked for first, so only candidate lines are parsed."""
+        needle = json.dumps(id, ensure_ascii=False)
+        for step in self.steps():
+            path = self.step_path(step)
+            with path.open(encoding="utf-8") as handle:
+                for line in handle:
+                    if needle not in line:
+                        continue
+                    record = json.loads(line)
+                    if record.get("id") == id:
+                        return record
+        return None
+
+    # -- eval records --------------------------------------------------------------------------
+
+    def eval_path(self, tag: str) -> Path:
+        if not isinstance(tag, str) or not _SAFE_TAG.match(tag):
+            raise ValueError(f"eval tag {tag!r}: use letters, digits and . _ - @ + = (no slashes), e.g. 'before'")
+        return self.run.eval_dir / f"{tag}.jsonl"
+
+    def write_eval(self, tag: str, records: list[dict[str, Any]]) -> Path:
+        """Write the eval records of `tag` (e.g. 'before', 'after', 'step-000040') atomically."""
+        path = self.eval_path(tag)
+        write_jsonl_atomic(path, records)
+        return path
+
+    def read_eval(self, tag: str) -> list[dict[str, Any]]:
+        path = self.eval_path(tag)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no eval records tagged {tag!r} in {self.run.path}")
+        return list(read_jsonl(path))
+
+    def eval_tags(self) -> list[str]:
+        folder = self.run.eval_dir
+        if not folder.is_dir():
+            return []
+        return sorted(p.stem for p in folder.glob("*.jsonl") if not p.name.startswith("."))

@@ -1,0 +1,116 @@
+"""Per-token log-probabilities of a causal LM, and collation of episodes into a `TrainBatch`."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tidal.types import Episode, TrainBatch
+
+
+def _row_logprobs(
+    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool
+) -> tuple[Tensor, Tensor | None]:
+    """logits (T-1, V) of one sequence, targets (T-1,) -> logprobs (T-1,), entropy (T-1,) | None."""
+    # At least fp32 (a view when the model already returns fp32; fp64 stays fp64).
+    scores = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (T-1, V)
+    if temperature != 1.0:
+        scores = scores / temperature
+    log_z = torch.logsumexp(scores, dim=-1)  # (T-1,)
+    picked = scores.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (T-1,)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            probs = torch.softmax(scores, dim=-1)  # (T-1, V)
+            entropy = log_z - (probs * scores).sum(dim=-1)  # (T-1,)
+    return picked - log_z, entropy
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    autocast_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probabilities of each token given the ones before it, for right-padded batches.
+
+    Returns logprobs (B, T) with logprobs[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) under
+    softmax(logits / temperature), 0 at position 0 and on padding; and, with `with_entropy`, the
+    entropy (B, T) of the same next-token distribution (0 at position 0 and on padding). The
+    entropy stays out of the autograd graph unless `entropy_grad` (an entropy bonus needs it).
+    The log-softmax runs one sequence at a time in fp32, so no (B, T, V) fp32 copy is made.
+    `autocast_dtype` runs the model's forward under autocast (e.g. torch.bfloat16).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to compute logprobs, got {temperature}")
+    batch, length = input_ids.shape
+    if autocast_dtype is not None:
+        autocast: Any = torch.autocast(device_type=input_ids.device.type, dtype=autocast_dtype)
+    else:
+        autocast = contextlib.nullcontext()
+    with autocast:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
+
+    rows, entropies = [], []
+    for b in range(batch):
+        lp, ent = _row_logprobs(logits[b, :-1], input_ids[b, 1:], temperature, with_entropy, entropy_grad)
+        rows.append(lp)
+        entropies.append(ent)
+    del logits
+    valid = attention_mask[:, 1:].bool()  # (B, T-1)
+    dtype = rows[0].dtype if rows else torch.float32
+    first = torch.zeros(batch, 1, dtype=dtype, device=input_ids.device)  # (B, 1)
+    shifted = torch.stack(rows) if length > 1 else first[:, :0]  # (B, T-1)
+    logprobs = torch.cat([first, torch.where(valid, shifted, torch.zeros_like(shifted))], dim=1)  # (B, T)
+    if not with_entropy:
+        return logprobs, None
+    shifted_entropy = torch.stack(entropies) if length > 1 else first[:, :0]  # type: ignore[arg-type]
+    entropy = torch.cat([first, torch.where(valid, shifted_entropy, torch.zeros_like(shifted_entropy))], dim=1)
+    return logprobs, entropy  # (B, T), (B, T)
+
+
+def collate(episodes: list[Episode], pad_id: int, device: torch.device | str = "cpu") -> TrainBatch:
+    """Right-padded tensors for training on the completions of `episodes`.
+
+    Each row is prompt_ids + token_ids; `completion_mask` is 1 on the completion tokens and
+    `old_logprobs` holds the sampler's logprob of each completion token at its position.
+    """
+    if not episodes:
+        raise ValueError("collate needs at least one episode")
+    lengths = []
+    for episode in episodes:
+        c = episode.completion
+        if len(c.logprobs) != len(c.token_ids):
+            raise ValueError(
+                f"episode {episode.id}: {len(c.token_ids)} completion tokens but {len(c.logprobs)} "
+                "logprobs; the sampler must return one logprob per generated token"
+            )
+        if not c.prompt_ids:
+            raise ValueError(f"episode {episode.id}: empty prompt_ids (the first token has no logprob)")
+        lengths.append(len(c.prompt_ids) + len(c.token_ids))
+    batch, length = len(episodes), max(lengths)
+    input_ids = torch.full((batch, length), pad_id, dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros(batch, length, dtype=torch.long)  # (B, T)
+    completion_mask = torch.zeros(batch, length, dtype=torch.float32)  # (B, T)
+    old_logprobs = torch.zeros(batch, length, dtype=torch.float32)  # (B, T)
+    for b, episode in enumerate(episodes):
+        c = episode.completion
+        start, end = len(c.prompt_ids), lengths[b]
+        input_ids[b, :end] = torch.tensor(c.prompt_ids + c.token_ids, dtype=torch.long)
+        attention_mask[b, :end] = 1
+        completion_mask[b, start:end] = 1.0
+        old_logprobs[b, start:end] = torch.tensor(c.logprobs, dtype=torch.float32)
+    advantages = torch.tensor([e.advantage for e in episodes], dtype=torch.float32)  # (B,)
+    return TrainBatch(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        completion_mask=completion_mask.to(device),
+        old_logprobs=old_logprobs.to(device),
+        advantages=advantages.to(device),
+    )

@@ -1,0 +1,83 @@
+"""End-to-end: the CLI's quickstart on the smoke config, resume after a crash, bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tidal.cli import app
+from tidal.pipeline import quickstart as qs
+from tidal.storage.run import RunFolder, TrajectoryWriter
+
+runner = CliRunner()
+
+
+def test_help_is_fast_and_lists_commands() -> None:
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "from tidal.cli import app"], capture_output=True, text=True
+    )
+    heavy = [line for line in out.stderr.splitlines() if line.rstrip().endswith(("torch", "transformers"))]
+    assert not heavy, "tidal --help must not import torch or transformers"
+    result = runner.invoke(app, ["quickstart", "--help"])
+    assert result.exit_code == 0 and "--smoke" in result.output
+
+
+def test_smoke_quickstart_writes_a_complete_run_folder(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["quickstart", "--smoke", "--out", str(tmp_path), "--name", "smoke"])
+    assert result.exit_code == 0, result.output
+    run = RunFolder.open(tmp_path / "smoke")
+    assert f"report: {run.report_path}" in result.output
+    assert run.config_path.is_file()
+    summary = json.loads(run.summary_path.read_text())
+    assert {"before", "after", "domains", "overall", "run"} <= set(summary)
+    assert summary["overall"]["n"] == 10  # every eval task paired
+    rl_rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
+    assert [m["step"] for m in rl_rows] == [1, 2]
+    assert all("reward/mean" in m and "loss" in m for m in rl_rows)
+    writer = TrajectoryWriter(run)
+    assert writer.steps() == [0, 1]
+    record = next(writer.read_all())
+    assert record["token_ids"] and len(record["logprobs"]) == len(record["token_ids"])
+    assert record["score"]["outcome"] in {"passed", "failed", "timeout", "crashed", "memory_limit"}
+    assert (run.checkpoints_dir / "warm-start" / "config.json").is_file()
+    assert "<svg" in run.report_path.read_text()
+
+
+def test_crashed_run_resumes_without_losing_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidal.trainer.trainer import Trainer
+
+    original = Trainer.rl_step
+    calls = {"n": 0}
+
+    def crash_on_third(self: Trainer, batch: object) -> dict:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated crash")
+        return original(self, batch)
+
+    monkeypatch.setattr(Trainer, "rl_step", crash_on_third)
+    cfg = qs.find_config("smoke")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        qs.run_quickstart(cfg, ["trainer.steps=4"], tmp_path, "crash")
+    run = RunFolder.open(tmp_path / "crash")
+    writer = TrajectoryWriter(run)
+    assert writer.steps() == [0, 1, 2]  # step 2 was stored before its update crashed
+    saved_step0 = writer.read_step(0)
+
+    monkeypatch.setattr(Trainer, "rl_step", original)
+    result = runner.invoke(app, ["train", str(run.path)])
+    assert result.exit_code == 0, result.output
+    assert writer.steps() == [0, 1, 2, 3]
+    assert writer.read_step(0) == saved_step0  # finished work is untouched
+    steps = [m["step"] for m in run.read_metrics() if m.get("phase") == "rl"]
+    assert steps == [1, 2, 3, 4]  # resumed from the step-2 checkpoint, nothing trained twice
+    assert json.loads(run.summary_path.read_text())["overall"]["n"] == 10
+
+
+def test_invalid_config_is_one_clear_report(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["quickstart", "--smoke", "--out", str(tmp_path), "trainer.lr=-1", "rollout.top_p=0"])
+    assert result.exit_code == 2
+    assert "trainer.lr: must be > 0.0" in result.output and "rollout.top_p: must be > 0.0" in result.output

@@ -1,0 +1,70 @@
+"""token_logprobs against a naive per-position computation; collate layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tidal.algos.losses import entropy_from_logits
+from tidal.trainer.logprobs import collate, token_logprobs
+from tidal.types import Completion, Episode
+
+from .tiny import build_model
+
+
+def test_token_logprobs_matches_naive_per_position() -> None:
+    model = build_model(seed=1).eval()
+    input_ids = torch.tensor([[5, 17, 42, 99, 7, 3], [11, 250, 4, 0, 0, 0]])  # (2, 6), row 1 padded
+    attention_mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    temperature = 0.7
+    with torch.no_grad():
+        logprobs, entropy = token_logprobs(model, input_ids, attention_mask, temperature, with_entropy=True)
+        assert logprobs.shape == entropy.shape == (2, 6)
+        for b in range(2):
+            length = int(attention_mask[b].sum())
+            assert logprobs[b, 0] == 0.0 and entropy[b, 0] == 0.0
+            for t in range(1, length):
+                # The model sees only the prefix: its last logits predict token t.
+                logits = model(input_ids[b : b + 1, :t]).logits[0, -1] / temperature  # (V,)
+                expected = torch.log_softmax(logits, dim=-1)[input_ids[b, t]]
+                assert logprobs[b, t].item() == pytest.approx(expected.item(), abs=1e-5)
+                expected_entropy = entropy_from_logits(logits.view(1, 1, -1)).item()
+                assert entropy[b, t].item() == pytest.approx(expected_entropy, abs=1e-5)
+            assert (logprobs[b, length:] == 0).all() and (entropy[b, length:] == 0).all()
+
+
+def test_token_logprobs_gradient_flows_and_entropy_is_detached_by_default() -> None:
+    model = build_model(seed=2)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    logprobs, entropy = token_logprobs(model, ids, torch.ones_like(ids), with_entropy=True)
+    assert logprobs.requires_grad and not entropy.requires_grad
+    _, entropy = token_logprobs(model, ids, torch.ones_like(ids), with_entropy=True, entropy_grad=True)
+    assert entropy.requires_grad
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(model, ids, torch.ones_like(ids), temperature=0.0)
+
+
+def _episode(prompt: list[int], tokens: list[int], logprobs: list[float], advantage: float) -> Episode:
+    completion = Completion(prompt, tokens, logprobs, "text", "stop", 3)
+    return Episode("run/0/t/0", "t", "math", "g", completion, advantage=advantage)
+
+
+def test_collate_aligns_completion_tokens_and_sampler_logprobs() -> None:
+    episodes = [
+        _episode([10, 11, 12], [20, 21], [-0.5, -1.5], 1.0),
+        _episode([10], [30, 31, 32], [-0.1, -0.2, -0.3], -0.5),
+    ]
+    batch = collate(episodes, pad_id=0, device="cpu")
+    assert batch.input_ids.tolist() == [[10, 11, 12, 20, 21], [10, 30, 31, 32, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert batch.completion_mask.tolist() == [[0, 0, 0, 1, 1], [0, 1, 1, 1, 0]]
+    torch.testing.assert_close(
+        batch.old_logprobs, torch.tensor([[0, 0, 0, -0.5, -1.5], [0, -0.1, -0.2, -0.3, 0]])
+    )
+    assert batch.advantages.tolist() == [1.0, -0.5]
+    assert batch.ref_logprobs is None
+
+
+def test_collate_rejects_mismatched_logprobs() -> None:
+    with pytest.raises(ValueError, match="run/0/t/0"):
+        collate([_episode([1], [2, 3], [-0.1], 0.0)], pad_id=0)
