@@ -53,8 +53,8 @@ class DomainConfig(Section):
     sources: list[str] = Field(default_factory=list, description="task files (.jsonl/.yaml) for this domain")
     n_train: int = Field(400, ge=0, le=10_000_000, description="tasks generated for the train split")
     n_eval: int = Field(60, ge=0, le=10_000_000, description="tasks generated for the eval split")
-    min_difficulty: int = Field(1, ge=1, le=10, description="lowest generated difficulty level")
-    max_difficulty: int = Field(3, ge=1, le=10, description="highest generated difficulty level")
+    min_difficulty: int = Field(1, ge=1, le=5, description="lowest generated difficulty level")
+    max_difficulty: int = Field(3, ge=1, le=5, description="highest generated difficulty level")
 
     @model_validator(mode="after")
     def _has_source(self) -> "DomainConfig":

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 
 from tidal.config import load_config, save_config
 from tidal.config.schema import TidalConfig
@@ -28,7 +29,7 @@ from tidal.pipeline.warmstart import warm_start
 from tidal.reward import known_verifiers
 from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import EmbeddedEngine
-from tidal.storage.run import RunFolder
+from tidal.storage.run import RunFolder, TrajectoryWriter
 from tidal.tasks import generate_tasks, load_tasks, write_tasks
 from tidal.tasks.mixer import TaskMixer
 from tidal.telemetry.progress import ProgressDisplay, rl_status
@@ -81,6 +82,7 @@ class Job:
 
     def execute(self) -> Path:
         cfg, run = self.cfg, self.run
+        transformers.utils.logging.disable_progress_bar()  # our own progress display is enough
         torch.manual_seed(cfg.run.seed)
         device = resolve_device(cfg.model.device)
         train_by_domain, eval_tasks = build_tasks(cfg)
@@ -161,7 +163,7 @@ class Job:
     ) -> list[dict[str, Any]]:
         """Evaluate on the held-out tasks, or reuse the records of a finished earlier attempt."""
         if f"eval_{tag}" in self.state and not force:
-            return self.run.read_eval(tag)
+            return TrajectoryWriter(self.run).read_eval(tag)
         cfg = self.cfg
         progress.phase(f"eval {tag}"[:12], len(tasks))
         records = evaluate_policy(
@@ -171,7 +173,7 @@ class Job:
             seed=cfg.run.seed + 7_777, batch_prompts=cfg.rollout.batch_prompts,
             on_progress=lambda done, total: progress.update(f"eval {tag}"[:12], done),
         )
-        self.run.write_eval(tag, records)
+        TrajectoryWriter(self.run).write_eval(tag, records)
         self.mark(f"eval_{tag}")
         rates = pass_rates(records)
         progress.log(f"eval {tag}: " + "  ".join(f"{d} {r['pass_rate']:.2f}" for d, r in rates.items() if r["pass_rate"] is not None))
