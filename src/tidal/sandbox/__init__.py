@@ -1,1 +1,27 @@
-"""sandbox layer."""
+"""sandbox layer: run a command in a fresh private workspace under limits, behind one protocol.
+
+`get_backend("bwrap")` (default, bubblewrap namespaces) or `get_backend("unsafe_local")` (no
+isolation, development only). See docs/design/sandbox.md.
+"""
+
+from tidal.sandbox.base import (
+    SandboxBackend,
+    SandboxResult,
+    SandboxStatus,
+    get_backend,
+    known_backends,
+    register_backend,
+)
+from tidal.sandbox.bwrap import BwrapBackend
+from tidal.sandbox.local import UnsafeLocalBackend
+
+__all__ = [
+    "BwrapBackend",
+    "SandboxBackend",
+    "SandboxResult",
+    "SandboxStatus",
+    "UnsafeLocalBackend",
+    "get_backend",
+    "known_backends",
+    "register_backend",
+]

@@ -1,0 +1,161 @@
+"""The verifier registry: `@verifier("name")` records a scoring function under a name.
+
+A verifier is `fn(task, answer, ctx) -> Score`. It reads its arguments from `task.verifier.args`
+(the task file records them, so a log can rebuild the call), returns a typed `Outcome`, and never
+turns a problem into a silent 0: a sandbox that cannot start, or a task whose verifier arguments
+are wrong, is `Outcome.INFRA_ERROR`, which the gate drops instead of training on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tidal.errors import UnknownNameError
+from tidal.types import Limits, Outcome, Score, Task
+
+if TYPE_CHECKING:
+    from tidal.config.schema import SandboxConfig
+    from tidal.sandbox.base import SandboxBackend
+
+MAX_ANSWER_BYTES = 64 * 1024  # longer answers fail without being looked at
+
+
+@dataclass
+class ScoringContext:
+    """What a verifier may use besides the task and the answer.
+
+    `backend` is a sandbox backend or its registered name; a name is turned into a backend on
+    first use, so verifiers that need no sandbox work on hosts without one. `timeout_s` and
+    `memory_mb` override every task's own limits when set (from `SandboxConfig`).
+    """
+
+    backend: str | SandboxBackend = "bwrap"
+    timeout_s: float | None = None
+    memory_mb: int | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+
+    @classmethod
+    def from_config(cls, config: SandboxConfig) -> ScoringContext:
+        return cls(backend=config.backend, timeout_s=config.timeout_s, memory_mb=config.memory_mb)
+
+    def sandbox(self) -> SandboxBackend:
+        """The sandbox backend; raises `SandboxUnavailableError` when it cannot work on this host."""
+        if isinstance(self.backend, str):
+            with self._lock:
+                if isinstance(self.backend, str):
+                    from tidal.sandbox import get_backend
+
+                    self.backend = get_backend(self.backend)
+        return self.backend
+
+    def limits(self, task: Task) -> Limits:
+        """The task's limits with this context's overrides applied."""
+        update: dict[str, float | int] = {}
+        if self.timeout_s is not None:
+            update["timeout_s"] = self.timeout_s
+        if self.memory_mb is not None:
+            update["memory_mb"] = self.memory_mb
+        return task.limits.model_copy(update=update) if update else task.limits
+
+
+Verifier = Callable[[Task, str, ScoringContext], Score]
+
+
+@dataclass(frozen=True)
+class VerifierEntry:
+    name: str
+    function: Verifier
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def description(self) -> str:
+        doc = (self.function.__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else ""
+
+
+_VERIFIERS: dict[str, VerifierEntry] = {}
+
+
+def verifier(name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[Verifier], Verifier]:
+    """Register `fn(task, answer, ctx) -> Score` as the verifier `name` (and its `aliases`)."""
+
+    def decorate(function: Verifier) -> Verifier:
+        entry = VerifierEntry(name, function, tuple(aliases))
+        for key in (name, *aliases):
+            existing = _VERIFIERS.get(key)
+            if existing is not None and existing.function is not function:
+                raise ValueError(f"verifier {key!r} is already registered by {existing.function.__module__}")
+            _VERIFIERS[key] = entry
+        return function
+
+    return decorate
+
+
+def get_verifier(name: str) -> Verifier:
+    """The verifier registered as `name`; `UnknownNameError` lists the known ones."""
+    _load_builtins()
+    entry = _VERIFIERS.get(name)
+    if entry is None:
+        raise UnknownNameError("verifier", name, list(_VERIFIERS))
+    return entry.function
+
+
+def known_verifiers() -> set[str]:
+    """Every registered verifier name, aliases included."""
+    _load_builtins()
+    return set(_VERIFIERS)
+
+
+def verifier_entries() -> list[VerifierEntry]:
+    """One entry per verifier (aliases folded in), for listings."""
+    _load_builtins()
+    return sorted({id(e): e for e in _VERIFIERS.values()}.values(), key=lambda e: e.name)
+
+
+def _load_builtins() -> None:
+    # The built-in verifiers register themselves on import.
+    import tidal.reward.verifiers  # noqa: F401
+
+
+# ----------------------------------------------------------------------------- hostile answers
+
+
+def decode_answer(answer: str | bytes) -> str | Score:
+    """Bytes as UTF-8 text, or a failed `Score` saying why they cannot be an answer."""
+    if isinstance(answer, str):
+        return answer
+    if len(answer) > MAX_ANSWER_BYTES:
+        return failed(f"answer is {len(answer)} bytes, over the {MAX_ANSWER_BYTES // 1024} KiB cap")
+    try:
+        return answer.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return failed(f"answer is not valid UTF-8 (byte {error.start})")
+
+
+def check_answer(answer: str) -> Score | None:
+    """A failed `Score` for answers no verifier should look at (empty, too big, binary), else None."""
+    if not isinstance(answer, str):
+        return failed(f"answer is a {type(answer).__name__}, not text")
+    try:
+        size = len(answer.encode("utf-8"))
+    except UnicodeEncodeError as error:
+        return failed(f"answer is not valid text (unpaired surrogate at character {error.start})")
+    if size > MAX_ANSWER_BYTES:
+        return failed(f"answer is {size} bytes, over the {MAX_ANSWER_BYTES // 1024} KiB cap")
+    if "\0" in answer:
+        return failed("answer contains NUL bytes")
+    if not answer.strip():
+        return failed("empty answer")
+    return None
+
+
+def failed(detail: str, **components: float) -> Score:
+    return Score(0.0, Outcome.FAILED, dict(components), detail)
+
+
+def task_problem(task: Task, detail: str) -> Score:
+    """A task whose verifier arguments are wrong: not the answer's fault, so never a training 0."""
+    return Score(0.0, Outcome.INFRA_ERROR, {}, f"task {task.id}: verifier {task.verifier.name}: {detail}")

@@ -1,0 +1,336 @@
+"""The `python_tests` verifier: the answer's code against the task's hidden tests, under pytest,
+in the sandbox.
+
+The last fenced code block of the answer (```python or a plain fence; the whole answer when there
+is none) becomes `entrypoint` (default solution.py) in a fresh workspace; the task's files and
+then its tests are written after it, so a test always wins a name clash. pytest runs with a plugin
+(pytest_report.py) that streams every test phase over a private socket, each line tagged with a
+per-run nonce. The score comes from that stream and from the test files themselves, never from
+stdout or the exit code alone:
+
+- the tests that count are those pytest collected plus every test function the test files define
+  (parsed here, on the host), so a test that vanished (module import failed, collection was
+  skipped, the process died) counts as failed;
+- a test passes when its setup and call raised nothing, its teardown did not fail, and it is not
+  marked xfail: skipped, xfailed, xpassed and missing tests are failures; value = passed / total;
+- test and task files are hashed before the run and checked after it; a changed or deleted one,
+  a new conftest.py/pytest.ini/sitecustomize.py/.pth, a plugin registered from the workspace, a
+  replaced pytest internal or a report line without the nonce is `tampered` (value 0).
+
+Outcomes (first that applies): infra_error (sandbox or pytest could not start; a broken task),
+tampered, timeout, memory_limit (limit hit, or a MemoryError in a test or at import), crashed
+(pytest died before finishing the session: os._exit, a signal), passed (every test passed and
+pytest exited 0), failed (everything else, including an answer that does not import: its tests
+fail at collection, which is the answer's fault, not a crash).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from tidal.errors import SandboxUnavailableError
+from tidal.reward.registry import ScoringContext, check_answer, failed, task_problem, verifier
+from tidal.sandbox.base import SandboxResult, SandboxStatus, safe_relative_path
+from tidal.types import Outcome, Score, Task
+
+PLUGIN_MODULE = "tidal_pytest_report"
+PLUGIN_SOURCE = (Path(__file__).parent / "pytest_report.py").read_text(encoding="utf-8")
+# Files whose appearance in the workspace during a run changes how pytest or Python behaves.
+RISKY_NAMES = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+               "sitecustomize.py", "usercustomize.py"}
+MAX_WALK = 20_000  # workspace entries inspected after a run
+FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
+PYTHON_FENCES = {"", "python", "py", "python3"}
+
+
+def extract_code(answer: str) -> str:
+    """The last ```python (or plain ```) block; the last block of any language if there is no
+    such block; the text after an unclosed fence; else the whole answer."""
+    blocks = [(m.group(1).lower(), m.group(2)) for m in FENCE.finditer(answer)]
+    python_blocks = [code for language, code in blocks if language in PYTHON_FENCES]
+    if python_blocks:
+        return python_blocks[-1]
+    if blocks:
+        return blocks[-1][1]
+    opening = re.search(r"^[ \t]*```[^\n]*\n", answer, re.MULTILINE)
+    if opening:  # cut off before the closing fence (e.g. at max_new_tokens)
+        return answer[opening.end():]
+    return answer
+
+
+def pytest_targets(tests: dict[str, str]) -> list[str]:
+    """The test modules pytest is pointed at: test_*.py / *_test.py, else every .py but conftest."""
+    modules = [name for name in tests if name.endswith(".py") and PurePosixPath(name).name != "conftest.py"]
+    named = [n for n in modules if re.fullmatch(r"test_.*\.py|.*_test\.py", PurePosixPath(n).name)]
+    return sorted(named or modules)
+
+
+def defined_test_ids(path: str, source: str) -> list[str]:
+    """Node ids (without parameters) of the tests a module defines, the way pytest names them."""
+    tree = ast.parse(source, filename=path)
+    found = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            found.append(f"{path}::{node.name}")
+        elif isinstance(node, ast.ClassDef):
+            is_case = any((isinstance(b, ast.Name) and b.id.endswith("TestCase"))
+                          or (isinstance(b, ast.Attribute) and b.attr.endswith("TestCase")) for b in node.bases)
+            methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            if not (node.name.startswith("Test") or is_case):
+                continue
+            if not is_case and any(m.name == "__init__" for m in methods):
+                continue  # pytest does not collect it either
+            found += [f"{path}::{node.name}::{m.name}" for m in methods if m.name.startswith("test")]
+    return found
+
+
+def _digest(path: Path) -> str | None:
+    """sha256 of a regular file; None for anything else (missing, link, fifo, folder)."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+@dataclass
+class Protected:
+    """The task's files as written, to compare with what the workspace holds after the run."""
+
+    hashes: dict[str, str]
+    names: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, files: dict[str, str | bytes], exclude: str) -> Protected:
+        hashes = {}
+        for name, content in files.items():
+            if name != exclude:
+                data = content.encode("utf-8") if isinstance(content, str) else content
+                hashes[name] = hashlib.sha256(data).hexdigest()
+        return cls(hashes, set(files))
+
+    def inspect(self, workspace: Path) -> list[str]:
+        """What the run changed that it must not have. Runs after every sandboxed process is gone."""
+        findings = [f"{name} was changed or deleted" for name, digest in sorted(self.hashes.items())
+                    if _digest(workspace / name) != digest]
+        seen = 0
+        for folder, dirs, names in os.walk(workspace):
+            for name in names:
+                seen += 1
+                relative = os.path.relpath(os.path.join(folder, name), workspace)
+                risky = name in RISKY_NAMES or name.endswith(".pth")
+                if risky and relative not in self.names:
+                    findings.append(f"{relative} was created")
+            if seen > MAX_WALK:
+                break
+        return findings
+
+
+@dataclass
+class Report:
+    """The plugin's event stream, checked against the nonce."""
+
+    events: list[dict[str, Any]]
+    forged: int
+
+    @classmethod
+    def parse(cls, data: bytes, nonce: str, truncated: bool) -> Report:
+        events, forged = [], 0
+        lines = data.split(b"\n")
+        if truncated and lines:
+            lines = lines[:-1]  # cut mid-line by the cap
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                forged += 1
+                continue
+            if not isinstance(event, dict) or not hmac.compare_digest(str(event.get("nonce", "")), nonce):
+                forged += 1
+                continue
+            events.append(event)
+        return cls(events, forged)
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") == kind]
+
+
+def _plugin_files(report: Report, allowed: set[str]) -> list[str]:
+    """Plugins registered from the workspace that are not the task's own conftest files."""
+    starts = report.of("start")
+    cwd = str(starts[0].get("cwd", "")) if starts else ""
+    findings = []
+    for event in report.of("plugin"):
+        file = str(event.get("file", ""))
+        if cwd and file.startswith(cwd.rstrip("/") + "/"):
+            relative = file[len(cwd.rstrip("/")) + 1:]
+            if relative not in allowed:
+                findings.append(f"a pytest plugin was registered from {relative}")
+    return findings
+
+
+def _inconsistencies(report: Report) -> list[str]:
+    """Events the plugin never sends: repeats, or results for tests pytest did not collect. Candidate
+    code that found the plugin's emitter in memory and added passes of its own shows up here."""
+    findings = [f"the report has {len(report.of(kind))} {kind!r} events" for kind in ("start", "collected", "finish")
+                if len(report.of(kind)) > 1]
+    collected = {str(n) for e in report.of("collected") for n in e.get("nodeids", [])}
+    seen: set[tuple[str, str]] = set()
+    for event in report.of("phase"):
+        key = (str(event.get("nodeid")), str(event.get("when")))
+        if key in seen or key[0] not in collected:
+            findings.append(f"the report has an unexpected {key[1]} result for {key[0]}")
+            break
+        seen.add(key)
+    return findings
+
+
+def _test_verdicts(report: Report, defined: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Every test that counts, and why each one that did not pass failed ('' = passed)."""
+    collected = [str(n) for e in report.of("collected") for n in e.get("nodeids", [])]
+    covered = {n.split("[", 1)[0] for n in collected}
+    total = collected + [n for n in defined if n not in covered]
+    phases: dict[str, dict[str, dict[str, Any]]] = {}
+    for event in report.of("phase"):
+        phases.setdefault(str(event.get("nodeid")), {})[str(event.get("when"))] = event
+    reasons: dict[str, str] = {}
+    for nodeid in total:
+        seen = phases.get(nodeid, {})
+        setup, call, teardown = seen.get("setup"), seen.get("call"), seen.get("teardown")
+        if not seen:
+            reasons[nodeid] = "did not run"
+        elif any(p.get("xfail") for p in seen.values()):
+            reasons[nodeid] = "marked xfail"
+        elif setup is None or not setup.get("ok"):
+            reasons[nodeid] = f"setup: {setup.get('exception') if setup else 'missing'}"
+        elif call is None or not call.get("ok"):
+            reasons[nodeid] = str(call.get("exception")) if call else "call missing"
+        elif teardown is not None and not teardown.get("ok"):
+            reasons[nodeid] = f"teardown: {teardown.get('exception')}"
+        else:
+            reasons[nodeid] = ""
+    return total, reasons
+
+
+def verdict(result: SandboxResult, report: Report, defined: list[str], allowed_conftests: set[str], task: Task) -> Score:
+    """The score of one run, following the outcome order in the module docstring."""
+    info: dict[str, Any] = {"exit_code": result.exit_code, "wall_s": round(result.wall_s, 3)}
+    tamper = [f"{report.forged} report line(s) without the harness nonce"] if report.forged else []
+    tamper += [str(e.get("detail")) for e in report.of("tamper")]
+    tamper += list(result.after_value or [])
+    tamper += _plugin_files(report, allowed_conftests)
+    tamper += _inconsistencies(report)
+    if not report.of("start"):
+        if tamper:
+            return Score(0.0, Outcome.TAMPERED, {"tests": 0.0}, "; ".join(tamper[:5]), info)
+        return Score(0.0, Outcome.INFRA_ERROR, {}, f"task {task.id}: pytest did not start in the sandbox "
+                     f"({result.status.value}{', ' + result.detail if result.detail else ''}): "
+                     f"{result.stderr_text[-1000:].strip()}", info)
+    if tamper:
+        return Score(0.0, Outcome.TAMPERED, {"tests": 0.0}, "; ".join(tamper[:5]), info)
+
+    total, reasons = _test_verdicts(report, defined)
+    if not total:
+        return task_problem(task, "its test files define no tests")
+    failing = [n for n in total if reasons[n]]
+    passed = len(total) - len(failing)
+    finished = bool(report.of("finish"))
+    collect_errors = report.of("collect_error")
+    memory = any(e.get("exception") == "MemoryError" for e in report.of("phase")) or any(
+        "MemoryError" in str(e.get("longrepr", "")) for e in collect_errors)
+    clean = finished and result.status is SandboxStatus.OK and result.exit_code == 0
+    # Every test passed but the session did not end cleanly: its end counts as one more check.
+    value = passed / len(total) if failing or clean else passed / (len(total) + 1)
+    info.update(passed=passed, total=len(total), failing=[f"{n} ({reasons[n]})" for n in failing[:20]])
+    failures = [str(e.get("longrepr", "")) for e in collect_errors] + [
+        str(e.get("longrepr", "")) for e in report.of("phase") if not e.get("ok")]
+    if failures:
+        info["failure"] = failures[0][-2000:]
+    summary = f"{passed}/{len(total)} tests passed"
+    if failing:
+        summary += "; failing: " + ", ".join(info["failing"][:3])
+    if collect_errors:
+        summary += f"; collection errors in {', '.join(str(e.get('nodeid')) for e in collect_errors[:3])}"
+
+    if result.status is SandboxStatus.TIMEOUT:
+        outcome, summary = Outcome.TIMEOUT, f"{result.detail}; {summary}"
+    elif result.status is SandboxStatus.MEMORY_LIMIT or (memory and failing):
+        outcome, summary = Outcome.MEMORY_LIMIT, f"memory limit; {summary}"
+    elif not finished or result.status is SandboxStatus.CRASHED:
+        how = result.detail or f"exit code {result.exit_code}"
+        outcome, summary = Outcome.CRASHED, f"pytest ended before finishing the session ({how}); {summary}"
+    elif clean and not failing:
+        outcome = Outcome.PASSED
+    else:
+        outcome = Outcome.FAILED
+        if not failing:
+            summary += f"; but pytest exited with {result.exit_code}"
+    return Score(value, outcome, {"tests": value}, summary, info)
+
+
+@verifier("python_tests")
+def python_tests(task: Task, answer: str, ctx: ScoringContext) -> Score:
+    """The answer's last code block passes the task's pytest tests (value = fraction passed)."""
+    problem = check_answer(answer)
+    if problem is not None:
+        return problem
+    if not task.tests:
+        return task_problem(task, "has no tests")
+    entrypoint = str(task.verifier.args.get("entrypoint", "solution.py"))
+    try:
+        safe_relative_path(entrypoint)
+        for name in [*task.files, *task.tests]:
+            safe_relative_path(name)
+    except ValueError as error:
+        return task_problem(task, str(error))
+    if entrypoint in task.tests:
+        return task_problem(task, f"a test file is named like the entrypoint {entrypoint}")
+    code = extract_code(answer)
+    if not code.strip():
+        return failed("the answer holds no code", tests=0.0)
+
+    paths = pytest_targets(task.tests)
+    try:
+        defined = [n for path in paths for n in defined_test_ids(path, task.tests[path])]
+    except SyntaxError as error:
+        return task_problem(task, f"test file {error.filename} does not parse (line {error.lineno}): {error.msg}")
+
+    files: dict[str, str | bytes] = {entrypoint: code}
+    files.update((name, content) for name, content in task.files.items() if name != entrypoint)
+    files.update(task.tests)
+    protected = Protected.of(files, exclude=entrypoint)
+    allowed_conftests = {n for n in files if PurePosixPath(n).name == "conftest.py"}
+    nonce = secrets.token_hex(16)
+    try:
+        backend = ctx.sandbox()
+        # `python -m pytest` puts the workspace on sys.path, as task authors expect.
+        argv = [backend.python, "-s", "-B", "-m", "pytest", "-p", PLUGIN_MODULE, "-p", "no:cacheprovider",
+                "-q", "--color=no", "--tb=short", "-o", "addopts=", "--rootdir=.", *paths]
+        result = backend.run(
+            argv,
+            files,
+            ctx.limits(task),
+            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+            after=protected.inspect,
+            harness_files={f"{PLUGIN_MODULE}.py": PLUGIN_SOURCE},
+            report_input=nonce.encode("ascii"),
+        )
+    except SandboxUnavailableError as error:
+        return Score(0.0, Outcome.INFRA_ERROR, {}, f"sandbox unavailable: {error}")
+    except ValueError as error:  # the task's file names clash
+        return task_problem(task, str(error))
+    report = Report.parse(result.report, nonce, result.report_truncated)
+    return verdict(result, report, defined, allowed_conftests, task)

@@ -1,0 +1,86 @@
+"""Text verifiers: `exact_match` and `regex` (alias `format`)."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any
+
+from tidal.reward.registry import ScoringContext, check_answer, failed, task_problem, verifier
+from tidal.types import Outcome, Score, Task
+
+QUOTES = "\"'`\u2018\u2019\u201c\u201d\u00ab\u00bb"
+
+
+def normalise(text: str, case_sensitive: bool = False) -> str:
+    """Whitespace collapsed, surrounding quotes and a final period removed, case folded."""
+    text = unicodedata.normalize("NFKC", text)
+    text = " ".join(text.split())
+    previous = None
+    while text != previous:  # '"Paris."' -> 'Paris'
+        previous = text
+        text = text.strip()
+        if len(text) >= 2 and text[0] in QUOTES and text[-1] in QUOTES:
+            text = text[1:-1]
+        if text.endswith(".") and not text.endswith(".."):
+            text = text[:-1]
+    return text if case_sensitive else text.casefold()
+
+
+@verifier("exact_match")
+def exact_match(task: Task, answer: str, ctx: ScoringContext) -> Score:
+    """The whole answer equals `answer` (or one of `aliases`) after normalisation."""
+    problem = check_answer(answer)
+    if problem is not None:
+        return problem
+    args = task.verifier.args
+    if "answer" not in args or args["answer"] is None:
+        return task_problem(task, "needs an `answer` argument")
+    aliases = args.get("aliases") or []
+    if not isinstance(aliases, list):
+        return task_problem(task, "`aliases` must be a list")
+    case_sensitive = bool(args.get("case_sensitive", False))
+    expected = [normalise(str(a), case_sensitive) for a in [args["answer"], *aliases]]
+    got = normalise(answer, case_sensitive)
+    if got in expected:
+        return Score(1.0, Outcome.PASSED, {"match": 1.0}, "matches the expected answer")
+    return failed(f"{_clip(got)!r} does not match the expected answer", match=0.0)
+
+
+FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE, "a": re.ASCII}
+FLAG_NAMES = {"IGNORECASE": "i", "MULTILINE": "m", "DOTALL": "s", "VERBOSE": "x", "ASCII": "a"}
+
+
+def _flags(value: Any) -> int:
+    """`flags` as letters ("im") or a list of names (["IGNORECASE", "DOTALL"] or ["i", "s"])."""
+    if value is None:
+        return 0
+    letters = list(value) if isinstance(value, str) else [FLAG_NAMES.get(str(v).upper(), str(v).lower()) for v in value]
+    result = 0
+    for letter in letters:
+        if letter not in FLAGS:
+            raise ValueError(f"unknown regex flag {letter!r}; use {', '.join(FLAGS)} or {', '.join(FLAG_NAMES)}")
+        result |= FLAGS[letter]
+    return result
+
+
+@verifier("regex", aliases=("format",))
+def regex(task: Task, answer: str, ctx: ScoringContext) -> Score:
+    """`pattern` must match the whole stripped answer (optional `flags`: "ims" or a list of names)."""
+    problem = check_answer(answer)
+    if problem is not None:
+        return problem
+    pattern = task.verifier.args.get("pattern")
+    if not isinstance(pattern, str):
+        return task_problem(task, "needs a `pattern` argument (a string)")
+    try:
+        compiled = re.compile(pattern, _flags(task.verifier.args.get("flags")))
+    except (re.error, ValueError, TypeError) as error:
+        return task_problem(task, f"bad pattern or flags: {error}")
+    if compiled.fullmatch(answer.strip()):
+        return Score(1.0, Outcome.PASSED, {"format": 1.0}, "matches the pattern")
+    return failed("does not match the pattern", format=0.0)
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

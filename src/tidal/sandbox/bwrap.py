@@ -1,0 +1,456 @@
+"""The default backend: Linux namespaces through bubblewrap, rlimits through prlimit.
+
+Inside: a new user, mount, pid, network, ipc, uts and cgroup namespace; an empty network
+namespace (no interfaces but a downed loopback, so no network); uid/gid 65534 without
+capabilities and with no_new_privs; read-only binds of /usr, /lib*, /bin, the Python installation
+and the site-packages entries of the packages the harness needs (pytest by default); a private
+/tmp, /proc and /dev; the workspace read-write at /workspace. Limits are set inside the sandbox,
+after the user namespace exists, so RLIMIT_NPROC counts only this sandbox's processes.
+
+On a root host the sandbox user must not map to host uid 0 (the kernel exempts uid 0 from
+RLIMIT_NPROC, and a root-owned process is a bad place to run model code), so the uid map is
+written from here (`--userns-block-fd`): 65534 inside is 65534 (nobody) on the host, and
+`setpriv` drops from uid 0 to it before the command runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidal.errors import SandboxUnavailableError
+from tidal.sandbox.base import (
+    BASE_ENV,
+    FILE_SIZE_MB,
+    HARNESS_ENV,
+    OPEN_FILES,
+    OUTPUT_CAP_BYTES,
+    REPORT_CAP_BYTES,
+    REPORT_FD_ENV,
+    AfterRun,
+    SandboxResult,
+    chown_tree,
+    classify,
+    register_backend,
+    remove_tree,
+    write_tree,
+)
+from tidal.sandbox.process import supervise
+from tidal.types import Limits
+
+log = logging.getLogger(__name__)
+
+SANDBOX_UID = 65534  # "nobody" on Debian-like systems
+WORKSPACE = "/workspace"
+PYTHON_ROOT = "/opt/tidal/python"
+SITE_ROOT = "/opt/tidal/site"
+HARNESS_ROOT = "/opt/tidal/harness"
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+INSTALL_HINT = "install bubblewrap: apt-get install bubblewrap (Debian/Ubuntu) or dnf install bubblewrap"
+HANDSHAKE_S = 10.0  # how long bwrap may take to report its child before the sandbox counts as broken
+
+
+@dataclass(frozen=True)
+class PythonMounts:
+    """Where the interpreter and the harness packages come from, and where they appear inside."""
+
+    binds: tuple[tuple[str, str], ...]  # (host path, path inside), bound read-only
+    python: str  # the interpreter, inside
+    site: str | None  # folder inside holding the bound packages (put on PYTHONPATH)
+    ld_library_path: str | None  # for interpreters linked to libpython by an absolute RUNPATH
+
+
+def _inside_system_dirs(path: str) -> bool:
+    return any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS)
+
+
+def _requirement_names(requires: list[str] | None) -> list[str]:
+    """Names of the requirements that apply here (extras and foreign platforms left out)."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pragma: no cover - packaging ships with pytest
+        Requirement = None  # type: ignore[assignment,misc]
+    names = []
+    for text in requires or []:
+        if Requirement is not None:
+            requirement = Requirement(text)
+            if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+                continue
+            names.append(requirement.name)
+        elif "extra ==" not in text:
+            match = re.match(r"[A-Za-z0-9._-]+", text)
+            if match:
+                names.append(match.group(0))
+    return names
+
+
+@functools.lru_cache(maxsize=8)
+def python_mounts(packages: tuple[str, ...] = ("pytest",)) -> PythonMounts:
+    """Read-only binds that make this process's Python, plus `packages` and their dependencies,
+    work inside the sandbox, and nothing else of a virtual environment or project checkout."""
+    import importlib.metadata as metadata
+
+    base = os.path.realpath(sys.base_prefix)
+    executable = os.path.realpath(sys.executable)
+    binds: list[tuple[str, str]] = []
+    ld_library_path = None
+    if _inside_system_dirs(base):
+        python = executable
+    else:
+        if not executable.startswith(base + "/"):
+            raise SandboxUnavailableError(
+                f"the Python interpreter {executable} is not inside its installation {base}; "
+                "run tidal with an interpreter from a regular Python installation"
+            )
+        binds.append((base, PYTHON_ROOT))
+        python = PYTHON_ROOT + executable[len(base):]
+        if any(Path(base, "lib").glob("libpython*.so*")):
+            ld_library_path = PYTHON_ROOT + "/lib"
+
+    seen: set[str] = set()
+    entries: dict[str, str] = {}  # top-level site-packages entry name -> host path
+    pending = list(packages)
+    while pending:
+        name = pending.pop()
+        key = name.lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            log.warning("package %s needed inside the sandbox is not installed", name)
+            continue
+        pending.extend(_requirement_names(dist.requires))
+        site = os.path.realpath(str(dist.locate_file("")))
+        for file in dist.files or []:
+            top = file.parts[0] if file.parts else ""
+            if top in ("", "..", "__pycache__") or top.endswith(".pth"):
+                continue
+            host = os.path.join(site, top)
+            if os.path.exists(host) and not _inside_system_dirs(host) and not host.startswith(base + "/"):
+                entries[top] = host
+    binds.extend((host, f"{SITE_ROOT}/{top}") for top, host in sorted(entries.items()))
+    return PythonMounts(tuple(binds), python, SITE_ROOT if entries else None, ld_library_path)
+
+
+def _system_args() -> list[str]:
+    args: list[str] = []
+    for folder in SYSTEM_DIRS:
+        if os.path.islink(folder):
+            args += ["--symlink", os.readlink(folder), folder]
+        elif os.path.isdir(folder):
+            args += ["--ro-bind", folder, folder]
+    if os.path.exists("/etc/ld.so.cache"):
+        args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    return args
+
+
+def _parent_dirs(paths: list[str]) -> list[str]:
+    """`--dir` entries (world-readable) for every parent of `paths`, so uid 65534 can traverse
+    them (bwrap creates missing parents 0700)."""
+    args: list[str] = []
+    seen: set[str] = set()
+    for path in paths:
+        parts = Path(path).parent.parts[1:]
+        for i in range(len(parts)):
+            folder = "/" + "/".join(parts[: i + 1])
+            if folder not in seen and not _inside_system_dirs(folder):
+                seen.add(folder)
+                args += ["--perms", "0755", "--dir", folder]
+    return args
+
+
+def _exit_and_signal(returncode: int) -> tuple[int | None, int | None]:
+    """bwrap exits with 128 + N when signal N ended the command (as a shell does); a negative
+    code means bwrap itself was killed."""
+    if returncode < 0:
+        return None, -returncode
+    if returncode > 128:
+        return None, returncode - 128
+    return returncode, None
+
+
+@register_backend("bwrap")
+class BwrapBackend:
+    """bubblewrap sandbox (the default). See the module docstring and docs/design/sandbox.md."""
+
+    name = "bwrap"
+
+    def __init__(
+        self,
+        packages: tuple[str, ...] = ("pytest",),
+        workdir: str | None = None,
+        output_cap: int = OUTPUT_CAP_BYTES,
+        report_cap: int = REPORT_CAP_BYTES,
+        file_size_mb: int = FILE_SIZE_MB,
+        open_files: int = OPEN_FILES,
+    ) -> None:
+        self.bwrap = shutil.which("bwrap")
+        if self.bwrap is None:
+            raise SandboxUnavailableError(f"bubblewrap (bwrap) is not on PATH; {INSTALL_HINT}")
+        tools = {name: shutil.which(name, path="/usr/bin:/bin") for name in ("prlimit", "setpriv", "sh")}
+        missing = [name for name, path in tools.items() if path is None]
+        if missing:
+            raise SandboxUnavailableError(
+                f"{', '.join(missing)} not found in /usr/bin or /bin; install util-linux (apt-get install util-linux)"
+            )
+        self.tools: dict[str, str] = {k: str(v) for k, v in tools.items()}
+        self.mounts = python_mounts(tuple(packages))
+        self.python = self.mounts.python
+        self.workdir = workdir
+        self.output_cap, self.report_cap = output_cap, report_cap
+        self.file_size_mb, self.open_files = file_size_mb, open_files
+        self.as_root = os.geteuid() == 0
+
+    # ------------------------------------------------------------------ command line
+
+    def _bwrap_args(self, run_dir: Path, info_fd: int | None, block_fd: int | None) -> list[str]:
+        args = [
+            str(self.bwrap),
+            "--unshare-all",
+            "--unshare-user",  # --unshare-all only tries; a sandbox without it is not one
+            "--die-with-parent",
+            "--new-session",  # no TIOCSTI into the caller's terminal
+            "--hostname", "sandbox",
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+        ]
+        if info_fd is not None and block_fd is not None:
+            args += ["--info-fd", str(info_fd), "--userns-block-fd", str(block_fd)]
+            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+        args += _system_args()
+        args += _parent_dirs([inside for _, inside in self.mounts.binds] + [HARNESS_ROOT])
+        for host, inside in self.mounts.binds:
+            args += ["--ro-bind", host, inside]
+        args += ["--ro-bind", str(run_dir / "harness"), HARNESS_ROOT]
+        args += ["--size", str(self.file_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--bind", str(run_dir / "workspace"), WORKSPACE, "--chdir", WORKSPACE]
+        return args
+
+    def _inner_prefix(self, limits: Limits, marker: str) -> list[str]:
+        """What runs inside before the command: (drop to uid 65534,) print the start marker, set
+        the limits, exec the command."""
+        prefix: list[str] = []
+        if self.as_root:
+            prefix += [
+                self.tools["setpriv"], f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--keep-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--",
+            ]
+        cpu = max(1, math.ceil(limits.timeout_s))
+        prefix += [self.tools["sh"], "-c", 'printf %s "$0"; exec "$@"', marker]
+        prefix += [
+            self.tools["prlimit"],
+            f"--cpu={cpu}:{cpu + 1}",
+            f"--as={limits.memory_mb * 1024 * 1024}",
+            f"--fsize={self.file_size_mb * 1024 * 1024}",
+            f"--nofile={self.open_files}",
+            f"--nproc={limits.pids}",
+            "--core=0",
+            "--",
+        ]
+        return prefix
+
+    def _env(self, env: dict[str, str] | None, report_fd: int | None) -> dict[str, str]:
+        python_bin = os.path.dirname(self.python)
+        inner = dict(BASE_ENV)
+        inner["PATH"] = f"{python_bin}:/usr/local/bin:/usr/bin:/bin"
+        inner["HOME"] = WORKSPACE
+        inner["PYTHONPATH"] = ":".join(p for p in (HARNESS_ROOT, self.mounts.site) if p)
+        inner[HARNESS_ENV] = HARNESS_ROOT
+        if self.mounts.ld_library_path:
+            inner["LD_LIBRARY_PATH"] = self.mounts.ld_library_path
+        if report_fd is not None:
+            inner[REPORT_FD_ENV] = str(report_fd)
+        inner.update(env or {})
+        return inner
+
+    # ------------------------------------------------------------------ run
+
+    def run(
+        self,
+        argv: list[str],
+        files: dict[str, str | bytes],
+        limits: Limits,
+        env: dict[str, str] | None = None,
+        after: AfterRun | None = None,
+        *,
+        harness_files: dict[str, str | bytes] | None = None,
+        report_input: bytes | None = None,
+    ) -> SandboxResult:
+        if not argv:
+            raise ValueError("argv must name a command")
+        run_dir = Path(tempfile.mkdtemp(prefix="tidal-sandbox-", dir=self.workdir))
+        try:
+            workspace, harness = run_dir / "workspace", run_dir / "harness"
+            workspace.mkdir()
+            harness.mkdir(mode=0o755)
+            write_tree(workspace, files)
+            write_tree(harness, harness_files or {})
+            for folder, dirs, _ in os.walk(harness):
+                for name in dirs:
+                    os.chmod(os.path.join(folder, name), 0o755)
+            harness.chmod(0o755)
+            if self.as_root:
+                chown_tree(workspace, SANDBOX_UID, SANDBOX_UID)
+            result = self._run_in(run_dir, argv, limits, env, report_input)
+            if after is not None:
+                result.after_value = after(workspace)
+            return result
+        finally:
+            remove_tree(run_dir)
+
+    def _run_in(
+        self, run_dir: Path, argv: list[str], limits: Limits, env: dict[str, str] | None, report_input: bytes | None
+    ) -> SandboxResult:
+        marker = f"tidal-start-{secrets.token_hex(8)}:"
+        ours: list[int] = []  # descriptors the child gets; closed here once it has them
+        info_read = block_write = None
+        info_fd = block_fd = None
+        if self.as_root:
+            info_read, info_fd = os.pipe()
+            block_fd, block_write = os.pipe()
+            ours += [info_fd, block_fd]
+        parent_socket = child_socket = None
+        if report_input is not None:
+            parent_socket, child_socket = socket.socketpair()
+            ours.append(child_socket.fileno())
+        command = self._bwrap_args(run_dir, info_fd, block_fd) + self._inner_prefix(limits, marker) + argv
+        started = time.monotonic()
+        try:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self._env(env, child_socket.fileno() if child_socket else None),
+                pass_fds=tuple(ours),
+                start_new_session=True,
+            )
+        except OSError as error:
+            raise SandboxUnavailableError(f"could not start bwrap: {error}; {INSTALL_HINT}") from error
+        finally:
+            for fd in (info_fd, block_fd):
+                if fd is not None:
+                    os.close(fd)
+            if child_socket is not None:
+                child_socket.close()
+
+        def kill() -> None:
+            if process.returncode is not None:
+                return  # reaped: its process group id may belong to someone else by now
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # pid 1 of the sandbox dies with it, and its namespace
+            except ProcessLookupError:
+                pass
+
+        try:
+            if info_read is not None and block_write is not None:
+                self._map_user(process, info_read, block_write, kill)
+            run = supervise(
+                process,
+                started=started,
+                deadline=started + limits.timeout_s,
+                kill=kill,
+                stdout_cap=self.output_cap + len(marker),
+                stderr_cap=self.output_cap,
+                report_cap=self.report_cap,
+                report_socket=parent_socket,
+                report_input=report_input,
+            )
+        finally:
+            kill()
+            if process.returncode is None:
+                process.wait()
+            for stream in (process.stdout, process.stderr):
+                if stream is not None:
+                    stream.close()
+            for fd in (info_read, block_write):
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            if parent_socket is not None:
+                parent_socket.close()
+
+        stdout = bytes(run.stdout.data)
+        if not stdout.startswith(marker.encode()):
+            if run.timed_out and not stdout:
+                raise SandboxUnavailableError(
+                    f"the sandbox did not start within {limits.timeout_s:g}s: {run.stderr.data[-2000:].decode(errors='replace')}"
+                )
+            raise SandboxUnavailableError(
+                "bwrap could not set up the sandbox (exit code "
+                f"{run.returncode}): {run.stderr.data[-2000:].decode(errors='replace').strip()}"
+            )
+        stdout = stdout[len(marker):]
+        stdout_truncated = run.stdout.total - len(marker) > self.output_cap
+        stdout = stdout[: self.output_cap]
+        stderr = bytes(run.stderr.data)
+        exit_code, sig = (None, signal.SIGKILL) if run.timed_out else _exit_and_signal(run.returncode)
+        status, detail = classify(run.timed_out, exit_code, sig, stderr)
+        return SandboxResult(
+            status=status,
+            exit_code=exit_code,
+            signal=sig,
+            stdout=stdout,
+            stderr=stderr,
+            stdout_truncated=stdout_truncated,
+            stderr_truncated=run.stderr.truncated,
+            wall_s=run.wall_s,
+            report=bytes(run.report.data),
+            report_truncated=run.report.truncated,
+            detail=detail,
+        )
+
+    def _map_user(
+        self, process: subprocess.Popen[bytes], info_read: int, block_write: int, kill: Callable[[], None]
+    ) -> None:
+        """Root hosts: map uid/gid 0 and 65534 to themselves in bwrap's new user namespace, then let
+        bwrap continue (it waits on the block fd)."""
+        deadline = time.monotonic() + HANDSHAKE_S
+        buffer = b""
+        pid = None
+        while pid is None and select.select([info_read], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(info_read, 4096)
+            if not chunk:
+                break
+            buffer += chunk
+            try:
+                pid = int(json.loads(buffer)["child-pid"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        problem = "" if pid is not None else "bwrap did not report its sandbox process"
+        if pid is not None:
+            mapping = f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n"
+            try:
+                Path(f"/proc/{pid}/uid_map").write_text(mapping)
+                Path(f"/proc/{pid}/setgroups").write_text("deny")
+                Path(f"/proc/{pid}/gid_map").write_text(mapping)
+            except OSError as error:
+                problem = f"could not map the sandbox user: {error}"
+        if problem:
+            kill()
+            _, err = process.communicate()
+            raise SandboxUnavailableError(
+                f"{problem} (bwrap exit code {process.returncode}): {err.decode(errors='replace').strip()}; "
+                "is namespace creation allowed on this host (containers often forbid it)?"
+            )
+        os.write(block_write, b"1")

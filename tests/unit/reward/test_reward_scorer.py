@@ -1,0 +1,88 @@
+"""Scorer: dispatch by verifier name, cache, parallel scoring, hostile bytes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tidal.config.schema import RewardConfig, SandboxConfig
+from tidal.reward import Scorer, ScoringContext, score_answer, verifier
+from tidal.reward import registry
+from tidal.types import Outcome, Score, Task
+
+
+@pytest.fixture
+def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry._load_builtins()
+    monkeypatch.setattr(registry, "_VERIFIERS", dict(registry._VERIFIERS))
+
+
+def knowledge_task(task_id: str = "k/1", answer: str = "Paris") -> Task:
+    return Task(id=task_id, domain="knowledge", prompt="?", verifier={"name": "exact_match", "answer": answer})
+
+
+def test_scores_with_the_tasks_verifier() -> None:
+    scorer = Scorer(RewardConfig())
+    assert scorer.score(knowledge_task(), "paris").outcome is Outcome.PASSED
+    assert scorer.score(knowledge_task(), "Lyon").outcome is Outcome.FAILED
+    assert score_answer(knowledge_task(), b"Paris").value == 1.0
+
+
+@pytest.mark.parametrize("answer", [b"\xff\xfe\x00binary", b"", "x".encode() * (1 << 20), "\0".encode()])
+def test_hostile_bytes_fail_with_a_reason(answer: bytes) -> None:
+    score = Scorer().score(knowledge_task(), answer)
+    assert score.outcome is Outcome.FAILED and score.value == 0.0 and score.detail
+
+
+def test_cache_reuses_scores_but_not_infra_errors(isolated_registry: None) -> None:
+    calls: list[str] = []
+
+    @verifier("counting")
+    def counting(task: Task, answer: str, ctx: ScoringContext) -> Score:
+        calls.append(answer)
+        return Score(0.0, Outcome.INFRA_ERROR) if answer == "flaky" else Score(1.0, Outcome.PASSED)
+
+    task = Task(id="c/1", domain="custom", prompt="?", verifier={"name": "counting"})
+    scorer = Scorer(RewardConfig(cache=True))
+    first = scorer.score(task, "a")
+    first.components["mutated"] = 1.0  # a caller changing its copy does not change the cache
+    assert scorer.score(task, "a").components == {}
+    assert scorer.score(task, b"a").value == 1.0
+    scorer.score(task, "flaky")
+    scorer.score(task, "flaky")
+    assert calls == ["a", "flaky", "flaky"]
+    uncached = Scorer(RewardConfig(cache=False))
+    uncached.score(task, "a")
+    uncached.score(task, "a")
+    assert calls.count("a") == 3
+
+
+def test_score_many_keeps_order_and_runs_in_parallel(isolated_registry: None) -> None:
+    barrier = threading.Barrier(3, timeout=10)  # passes only if three scorings run at once
+
+    @verifier("meeting")
+    def meeting(task: Task, answer: str, ctx: ScoringContext) -> Score:
+        barrier.wait()
+        return Score(float(answer) / 10, Outcome.FAILED)
+
+    task = Task(id="m/1", domain="custom", prompt="?", verifier={"name": "meeting"})
+    scorer = Scorer(RewardConfig(sandbox=SandboxConfig(workers=3), cache=False))
+    scores = scorer.score_many([(task, str(i)) for i in range(6)])
+    assert [s.value for s in scores] == [i / 10 for i in range(6)]
+
+
+def test_context_carries_the_sandbox_config() -> None:
+    scorer = Scorer(RewardConfig(sandbox=SandboxConfig(backend="unsafe_local", timeout_s=3, memory_mb=64)))
+    assert scorer.context.backend == "unsafe_local"
+    assert (scorer.context.timeout_s, scorer.context.memory_mb) == (3, 64)
+
+
+def test_python_tests_through_the_scorer(sandboxed: ScoringContext) -> None:
+    task = Task(
+        id="code/double", domain="code", prompt="double(x)", verifier={"name": "python_tests"},
+        tests={"test_solution.py": "from solution import double\ndef test_a():\n    assert double(2) == 4\n"},
+    )
+    scorer = Scorer(RewardConfig(sandbox=SandboxConfig(workers=2)), backend=sandboxed.sandbox())
+    good, bad = scorer.score_many([(task, "def double(x):\n    return 2 * x\n"), (task, "def double(x):\n    return x\n")])
+    assert (good.outcome, bad.outcome) == (Outcome.PASSED, Outcome.FAILED)
