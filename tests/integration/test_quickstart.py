@@ -36,7 +36,7 @@ def test_smoke_quickstart_writes_a_complete_run_folder(tmp_path: Path) -> None:
     assert summary["overall"]["n"] == 10  # every eval task paired
     rl_rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
     assert [m["step"] for m in rl_rows] == [1, 2]
-    assert all("reward/mean" in m and "loss" in m for m in rl_rows)
+    assert all("reward/mean" in m and "trained_samples" in m for m in rl_rows)
     writer = TrajectoryWriter(run)
     assert writer.steps() == [0, 1]
     record = next(writer.read_all())

@@ -1,0 +1,426 @@
+"""One RL step, tidal against TRL's `GRPOTrainer`, on the same tiny model, task and batch.
+
+A step is: sample a GRPO batch, score it, compute group advantages, one AdamW update (lr 1e-5,
+fp32, no KL). Both sides start from the same weights (the built-in tiny Qwen2 from one seed) and
+tokenizer, answer the same arithmetic prompts ("What is 12 + 7?" through the chat template) and
+use the same reward function (1 if the completion contains the right number, else 0). Every
+completion is forced to exactly --new-tokens tokens: tidal samples with `ignore_eos=True`, TRL
+generates with `min_new_tokens` (the eos logit is masked until then). TRL generates with its own
+`model.generate` (no vLLM). Each side runs in its own subprocess with the same torch thread
+count; after --warmup untimed steps, --steps steps are timed, from the end of one optimizer step to
+the end of the next. The result (completions/s and the ratio tidal / TRL) is written into the
+"## RL step" section of bench/RESULTS.md.
+
+    python bench/rl_step.py                     # 2 prompts x 8 samples, 1 warm-up + 5 timed steps
+    python bench/rl_step.py --threads 1 --rounds 2
+    python bench/rl_step.py --profile tidal     # cProfile of tidal's timed steps, top functions
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import datetime as dt
+import json
+import os
+import platform
+import pstats
+import random
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+SECTION = "## RL step"
+SIDES = ("tidal", "trl")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=2, help="distinct prompts per step (default 2)")
+    parser.add_argument("--samples", type=int, default=8, help="samples per prompt, the GRPO group size (default 8)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens per completion, forced (default 32)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first, at least 1 (default 1)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per side (default 5)")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads, the same for both sides (default 2)")
+    parser.add_argument("--rounds", type=int, default=1, help="run tidal then TRL this many times; medians count (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model init, prompts and sampling")
+    parser.add_argument("--profile", choices=SIDES, help="cProfile one side (tidal: its timed steps; TRL: all of train()) and print the top functions; nothing is written")
+    parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"), help="file to update")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # internal: run one side, print JSON
+    args = parser.parse_args(argv)
+    for name in ("prompts", "new_tokens", "steps", "threads", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.samples < 2:
+        parser.error("--samples must be >= 2 (a GRPO group needs two samples; TRL refuses fewer)")
+    if args.warmup < 1:
+        parser.error("--warmup must be >= 1 (TRL's first timed step starts where the last warm-up step ends)")
+    return args
+
+
+# ------------------------------------------------------------------ the task, shared by both sides
+
+
+def arithmetic_questions(seed: int, count: int = 64) -> list[tuple[str, int]]:
+    """(question, answer) pairs such as ("What is 12 + 7?", 19), the same list for a given seed."""
+    rng = random.Random(seed)
+    return [(f"What is {a} + {b}?", a + b) for a, b in ((rng.randint(1, 99), rng.randint(1, 99)) for _ in range(count))]
+
+
+def arithmetic_reward(text: str, answer: int) -> float:
+    """1.0 if `text` contains `answer` as a whole number (so 17 does not match 170), else 0.0."""
+    return 1.0 if str(answer) in re.findall(r"\d+", text) else 0.0
+
+
+def build_model_and_tokenizer(seed: int) -> tuple[Any, Any]:
+    from tidal.config.schema import TinyModelConfig
+    from tidal.models.tiny import build_tiny_model
+    from tidal.models.tokenizer import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(TinyModelConfig(), tokenizer, seed=seed)  # hidden 256, 4 layers, 4/2 heads, MLP 768
+    return model, tokenizer
+
+
+# ------------------------------------------------------------------ the two sides
+
+
+def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]]]:
+    """Step seconds of the timed steps, and per-step facts (completions, tokens, reward)."""
+    import torch
+
+    from tidal.algos import assign_advantages
+    from tidal.config.schema import AlgorithmConfig, TrainerConfig
+    from tidal.models.io import render_prompt
+    from tidal.rollout.engine import EmbeddedEngine, SamplingParams
+    from tidal.trainer.logprobs import collate
+    from tidal.trainer.trainer import Trainer
+    from tidal.types import Episode, Outcome, Score
+
+    model, tokenizer = build_model_and_tokenizer(args.seed)
+    device = torch.device("cpu")
+    total_steps = args.warmup + args.steps
+    engine = EmbeddedEngine(model, tokenizer, device)
+    trainer = Trainer(
+        model, TrainerConfig(lr=1e-5, micro_batch_size=args.prompts * args.samples), AlgorithmConfig(), device,
+        total_steps=total_steps,
+    )
+    pad_id = tokenizer.pad_token_id
+    questions = arithmetic_questions(args.seed)
+    prompt_ids = [render_prompt(tokenizer, [{"role": "user", "content": q}]) for q, _ in questions]
+
+    def step(index: int) -> dict[str, float]:
+        chosen = [(index * args.prompts + p) % len(questions) for p in range(args.prompts)]
+        params = SamplingParams(
+            temperature=1.0, max_new_tokens=args.new_tokens, ignore_eos=True, seed=args.seed * 1_000_003 + index
+        )
+        groups = engine.generate([prompt_ids[i] for i in chosen], args.samples, params)
+        episodes = []
+        for question, group in zip(chosen, groups):
+            group_id = f"step-{index:04d}/q{question:03d}"
+            for k, completion in enumerate(group):
+                reward = arithmetic_reward(completion.text, questions[question][1])
+                score = Score(reward, Outcome.PASSED if reward else Outcome.FAILED)
+                episodes.append(Episode(f"{group_id}/s{k:02d}", f"q{question:03d}", "math", group_id, completion, score))
+        assign_advantages(episodes, "grpo")
+        trainer.rl_step(collate(episodes, pad_id, device))
+        engine.update_weights(None, version=index + 1)
+        return {
+            "completions": len(episodes),
+            "tokens": sum(len(e.completion.token_ids) for e in episodes),
+            "reward": sum(e.score.value for e in episodes if e.score) / len(episodes),
+        }
+
+    for index in range(args.warmup):
+        step(index)
+    seconds, facts = [], []
+    with profiled(args.profile == "tidal"):
+        for index in range(args.warmup, total_steps):
+            start = time.perf_counter()
+            facts.append(step(index))
+            seconds.append(time.perf_counter() - start)
+    return seconds, facts
+
+
+def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]]]:
+    """Step seconds of the timed steps (end of one optimizer step to the next), and per-step facts."""
+    import warnings
+
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    # transformers 5 deprecation notices raised from inside TRL: not ours to act on, and noisy.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    model, tokenizer = build_model_and_tokenizer(args.seed)
+    questions = arithmetic_questions(args.seed)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "answer": a} for q, a in questions])
+    facts: list[dict[str, float]] = []
+
+    def reward(
+        completions: list[list[dict[str, str]]], answer: list[int], completion_ids: list[list[int]], **_: Any
+    ) -> list[float]:
+        rewards = [arithmetic_reward(c[-1]["content"], a) for c, a in zip(completions, answer)]
+        facts.append(
+            {
+                "completions": len(completions),
+                "tokens": sum(len(ids) for ids in completion_ids),
+                "reward": sum(rewards) / len(rewards),
+            }
+        )
+        return rewards
+
+    class StepClock(TrainerCallback):
+        """Marks the end of every optimizer step; a step's time is the gap between two marks."""
+
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            self.marks.append(time.perf_counter())
+
+    clock = StepClock()
+    with tempfile.TemporaryDirectory() as output_dir:
+        config = GRPOConfig(
+            output_dir=output_dir,
+            per_device_train_batch_size=args.prompts * args.samples,
+            gradient_accumulation_steps=1,
+            num_generations=args.samples,
+            max_completion_length=args.new_tokens,
+            generation_kwargs={"min_new_tokens": args.new_tokens},  # no eos before the cap: fixed lengths
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            beta=0.0,
+            epsilon=0.2,
+            epsilon_high=0.28,  # tidal's default clip-higher, so both optimise the same loss
+            learning_rate=1e-5,
+            lr_scheduler_type="constant",
+            adam_beta2=0.99,  # tidal's AdamW betas are (0.9, 0.99)
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            max_steps=args.warmup + args.steps,
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            seed=args.seed,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=10_000,
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+        )
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer
+        )
+        torch.set_num_threads(args.threads)  # after the trainer is built, in case anything reset it
+        trainer.add_callback(clock)
+        with profiled(args.profile == "trl"):
+            trainer.train()
+    marks = clock.marks[args.warmup - 1 :]
+    seconds = [b - a for a, b in zip(marks, marks[1:])]
+    return seconds, facts[args.warmup :]
+
+
+@contextlib.contextmanager
+def profiled(enabled: bool) -> Iterator[None]:
+    """cProfile the block when `enabled`, then print the costliest functions to stderr."""
+    if not enabled:
+        yield
+        return
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        stats = pstats.Stats(profile, stream=sys.stderr)
+        stats.sort_stats("cumulative").print_stats(30)
+        stats.sort_stats("tottime").print_stats(20)
+
+
+def run_side(args: argparse.Namespace) -> None:
+    """Run one side in this process and print its result as one JSON line."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    seconds, facts = (run_tidal if args.side == "tidal" else run_trl)(args)
+    print(
+        json.dumps(
+            {
+                "side": args.side,
+                "seconds": seconds,
+                "facts": facts,
+                "threads": torch.get_num_threads(),
+            }
+        )
+    )
+
+
+# ------------------------------------------------------------------ the comparison
+
+
+def run_subprocess(args: argparse.Namespace, side: str, argv: list[str]) -> dict[str, Any]:
+    env = dict(os.environ)
+    # Identical native thread pools on both sides, set before torch loads.
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[name] = str(args.threads)
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--side", side]
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the {side} run failed (exit {done.returncode}); rerun `{shlex.join(command)}` to see why")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = args.prompts * args.samples
+    for fact in result["facts"]:
+        if fact["completions"] != expected or fact["tokens"] != expected * args.new_tokens:
+            raise SystemExit(f"{side}: a step had {fact}, expected {expected} completions of {args.new_tokens} tokens")
+    if len(result["seconds"]) != args.steps:
+        raise SystemExit(f"{side}: timed {len(result['seconds'])} steps, expected {args.steps}")
+    return result
+
+
+def compare(args: argparse.Namespace, argv: list[str]) -> dict[str, dict[str, float]]:
+    completions = args.prompts * args.samples
+    step_seconds: dict[str, list[float]] = {side: [] for side in SIDES}
+    summary: dict[str, dict[str, float]] = {}
+    for round_index in range(args.rounds):
+        for side in SIDES:
+            result = run_subprocess(args, side, argv)
+            step_seconds[side] += result["seconds"]
+            rewards = [f["reward"] for f in result["facts"]]
+            print(
+                f"round {round_index + 1} {side:5s} threads={result['threads']} step s: "
+                + " ".join(f"{s:.3f}" for s in result["seconds"])
+                + f"  mean reward {statistics.fmean(rewards):.3f}"
+            )
+            summary.setdefault(side, {})["threads"] = result["threads"]
+    for side in SIDES:
+        median = statistics.median(step_seconds[side])
+        summary[side].update(
+            median_step_s=median,
+            mean_step_s=statistics.fmean(step_seconds[side]),
+            completions_per_s=completions / median,
+            tokens_per_s=completions * args.new_tokens / median,
+        )
+    summary["ratio"] = {"value": summary["tidal"]["completions_per_s"] / summary["trl"]["completions_per_s"]}
+    return summary
+
+
+def table(summary: dict[str, dict[str, float]]) -> list[str]:
+    lines = [
+        "| side | median step (s) | mean step (s) | completions/s | completion tokens/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for side, label in (("tidal", "tidal"), ("trl", "TRL GRPOTrainer")):
+        s = summary[side]
+        lines.append(
+            f"| {label} | {s['median_step_s']:.3f} | {s['mean_step_s']:.3f} | "
+            f"{s['completions_per_s']:.1f} | {s['tokens_per_s']:.0f} |"
+        )
+    return lines
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()}"
+
+
+def section(args: argparse.Namespace, summary: dict[str, dict[str, float]], loads: list[str], parameters: int) -> str:
+    import torch
+    import transformers
+    import trl
+
+    command = "python bench/rl_step.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
+    timed = args.steps * args.rounds
+    lines = [
+        SECTION,
+        "",
+        f"One RL step of tidal (EmbeddedEngine.generate -> reward -> assign_advantages(grpo) -> collate -> "
+        f"Trainer.rl_step -> update_weights) against TRL `GRPOTrainer` (its own `generate`, no vLLM), on the "
+        f"built-in tiny Qwen2 (hidden 256, 4 layers, 4 query / 2 KV heads, MLP 768, vocab 512, tied embeddings, "
+        f"{parameters / 1e6:.2f}M parameters), same seed and weights on both sides. Per step: {args.prompts} "
+        f"arithmetic prompts x {args.samples} samples = {args.prompts * args.samples} completions of exactly "
+        f"{args.new_tokens} tokens (forced: tidal `SamplingParams(ignore_eos=True)`, TRL "
+        f"`generation_kwargs={{'min_new_tokens': {args.new_tokens}}}`), temperature 1, reward 1 if the completion "
+        "contains the right number (one Python function for both), GRPO advantages, one AdamW step "
+        "(lr 1e-5, betas 0.9/0.99, clip 0.2/0.28, grad clip 1), fp32 on CPU, no KL. "
+        f"{args.warmup} warm-up step(s), then {args.steps} timed steps per side per round, {args.rounds} round(s) "
+        f"(tidal then TRL, one subprocess each); the median of the {timed} timed steps counts.",
+        "",
+        f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- machine: {machine()}; torch threads {summary['tidal']['threads']:.0f} (tidal) / "
+        f"{summary['trl']['threads']:.0f} (TRL)",
+        f"- load average (1/5/15 min): {loads[0]} before, {loads[1]} after",
+        f"- versions: torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}",
+        f"- command: `{command}`",
+        "",
+        *table(summary),
+        "",
+        f"**tidal / TRL: {summary['ratio']['value']:.2f}x** (completions/s).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace the "## RL step" section of `path` (up to the next "## " heading), keeping the rest."""
+    existing = path.read_text() if path.exists() else "# Benchmark results\n"
+    lines = existing.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
+    if start is None:
+        updated = existing.rstrip("\n") + "\n\n" + text
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        updated = "\n".join(lines[:start] + text.rstrip("\n").splitlines() + [""] + lines[end:]).rstrip("\n") + "\n"
+    path.write_text(updated)
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.side:
+        run_side(args)
+        return
+    if args.profile:
+        # One side, profiled, its stats on stderr; no comparison and nothing written.
+        result = run_subprocess(args, args.profile, argv)
+        print(f"{args.profile} step s: " + " ".join(f"{s:.3f}" for s in result["seconds"]))
+        return
+    before = loadavg()
+    print(f"load average before: {before}")
+    summary = compare(args, argv)
+    after = loadavg()
+    print(f"load average after: {after}")
+    print("\n".join(table(summary)))
+    print(f"tidal / TRL = {summary['ratio']['value']:.2f}x (completions/s, median step)")
+    if not args.no_write:
+        model, _ = build_model_and_tokenizer(args.seed)
+        parameters = sum(p.numel() for p in model.parameters())
+        write_section(args.results, section(args, summary, [before, after], parameters))
+        print(f"wrote the {SECTION!r} section of {args.results}")
+
+
+if __name__ == "__main__":
+    main()

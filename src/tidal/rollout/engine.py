@@ -1,0 +1,390 @@
+"""The embedded rollout engine: batched sampling with a KV cache on the policy's own PyTorch model.
+
+One `generate` call prefills each distinct prompt once, copies its KV cache to the prompt's `n`
+samples (prefix reuse: a GRPO group of 8 costs one prefill, not 8), then decodes all rows of the
+batch together, one token per step, dropping finished rows as it goes.
+
+Log-probability convention (the trainer computes the same quantity when it recomputes old
+logprobs): for each sampled token, `log_softmax(logits / temperature)` at that token, taken BEFORE
+top-p truncation, with temperature 1 when sampling greedily (temperature 0).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from tidal.rollout.kv import FlatCache, supports_flat_cache
+from tidal.types import Completion, FinishReason
+
+
+@dataclass
+class SamplingParams:
+    """How to sample. Validated on creation."""
+
+    temperature: float = 1.0  # 0 = greedy (argmax)
+    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 = the whole distribution
+    max_new_tokens: int = 64  # completion length cap; reaching it gives finish_reason "length"
+    # Stop strings: generation ends at the token that completes one; `text` is cut before it, while
+    # `token_ids`/`logprobs` keep every sampled token (the trainer trains on what was sampled).
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None  # same seed, prompts, n and weights -> the same completions
+    ignore_eos: bool = False  # keep sampling past eos (benchmarks that need fixed lengths)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (0.0 <= self.temperature <= 100.0) or math.isnan(self.temperature):
+            problems.append(f"temperature={self.temperature} must be in [0, 100] (0 = greedy)")
+        if not (0.0 < self.top_p <= 1.0):
+            problems.append(f"top_p={self.top_p} must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if any(not s for s in self.stop):
+            problems.append("stop strings must not be empty")
+        if problems:
+            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
+
+
+@dataclass
+class _Unit:
+    """Samples [first, first + count) of one prompt, generated in one batch from one prefill."""
+
+    prompt: int
+    first: int
+    count: int
+
+
+class EmbeddedEngine:
+    """Samples completions from a Hugging Face causal LM in this process (CPU or GPU).
+
+    `model` may be the very object the trainer updates (then call `update_weights(None, version)`
+    after each step) or a separate copy (pass the new weights to `update_weights`). It must already
+    be on `device`. Batches larger than `max_batch_rows` rows (prompts x samples) are generated in
+    several passes. `kv_cache`: "auto" writes the cache in place (`FlatCache`) where the model's
+    cache is plain full attention, else `transformers`' `DynamicCache`; "dynamic" forces the latter.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        device: torch.device | str | None = None,
+        max_batch_rows: int = 256,
+        kv_cache: Literal["auto", "dynamic"] = "auto",
+    ) -> None:
+        if max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows={max_batch_rows} must be >= 1")
+        if kv_cache not in ("auto", "dynamic"):
+            raise ValueError(f"kv_cache={kv_cache!r} must be 'auto' or 'dynamic'")
+        self.model = model
+        self.tokenizer = tokenizer
+        model_device = next(model.parameters()).device
+        wanted = torch.device(device) if device is not None else model_device
+        # Compare types and indices loosely: "cuda" and "cuda:0" name the same device here.
+        if wanted.type != model_device.type or (wanted.index is not None and wanted.index != model_device.index):
+            raise ValueError(
+                f"the model is on {model_device} but the engine was asked for {wanted}; move the model "
+                "first (model.to(device)): a model shared with the trainer must not move behind its back"
+            )
+        self.device = model_device
+        self.max_batch_rows = max_batch_rows
+        self.weight_version = 0
+        self.eos_ids = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        parameters = inspect.signature(model.forward).parameters
+        # transformers renamed `past_key_values` to `cache` in 5.x; accept either.
+        self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
+        self._keeps_last_logits = "logits_to_keep" in parameters
+        self._flat_cache = kv_cache == "auto" and supports_flat_cache(model)
+
+    # ---------------------------------------------------------------- public API
+
+    def update_weights(self, state_dict: dict[str, Tensor] | None, version: int) -> None:
+        """Copy `state_dict` (all or some of the model's tensors) into the model, then set `version`.
+
+        `None` means the model object is shared with the trainer and already holds the new
+        weights: only the version changes.
+        """
+        if state_dict is not None:
+            own = self.model.state_dict()
+            unknown = sorted(set(state_dict) - set(own))
+            if unknown:
+                raise ValueError(
+                    f"update_weights: {len(unknown)} name(s) the model does not have, e.g. {unknown[:3]}; "
+                    "send the state_dict of the same architecture"
+                )
+            with torch.no_grad():
+                for name, tensor in state_dict.items():
+                    target = own[name]
+                    if target.shape != tensor.shape:
+                        raise ValueError(
+                            f"update_weights: {name} has shape {tuple(tensor.shape)}, the model's is {tuple(target.shape)}"
+                        )
+                    target.copy_(tensor)
+        self.weight_version = version
+
+    @torch.inference_mode()
+    def generate(
+        self, prompts: list[list[int]], n: int = 1, params: SamplingParams | None = None
+    ) -> list[list[Completion]]:
+        """`n` completions for each prompt (token ids, e.g. from `render_prompt`).
+
+        Returns one list per prompt, in order, each holding its `n` completions, all tagged with the
+        weight version current when the call started. With `params.seed` set, the same prompts, n,
+        params, weights, `max_batch_rows` and device give the same completions.
+        """
+        params = params or SamplingParams()
+        if n < 1:
+            raise ValueError(f"n={n} must be >= 1")
+        for index, prompt in enumerate(prompts):
+            if not prompt:
+                raise ValueError(f"prompt {index} is empty; a prompt needs at least one token")
+        generator = torch.Generator(device=self.device)
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+
+        version = self.weight_version
+        results: list[list[Completion | None]] = [[None] * n for _ in prompts]
+        was_training = self.model.training
+        self.model.eval()  # no dropout while sampling; the trainer's mode is restored below
+        try:
+            for batch in self._plan(prompts, n):
+                for unit, completions in zip(batch, self._generate_batch(batch, prompts, params, generator, version)):
+                    results[unit.prompt][unit.first : unit.first + unit.count] = completions
+        finally:
+            self.model.train(was_training)
+        return [[c for c in row if c is not None] for row in results]
+
+    # ---------------------------------------------------------------- batching
+
+    def _plan(self, prompts: list[list[int]], n: int) -> list[list[_Unit]]:
+        """Split the work into batches of at most `max_batch_rows` rows, similar lengths together."""
+        units = [
+            _Unit(prompt=index, first=first, count=min(self.max_batch_rows, n - first))
+            for index in range(len(prompts))
+            for first in range(0, n, self.max_batch_rows)
+        ]
+        # Similar lengths share a batch, so little of it is left padding.
+        units.sort(key=lambda unit: len(prompts[unit.prompt]))
+        batches: list[list[_Unit]] = []
+        rows = 0
+        for unit in units:
+            if not batches or rows + unit.count > self.max_batch_rows:
+                batches.append([])
+                rows = 0
+            batches[-1].append(unit)
+            rows += unit.count
+        return batches
+
+    def _forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor, cache: DynamicCache
+    ) -> Tensor:
+        """Logits of the last position of each row, in float32: (B, V)."""
+        kwargs: dict[str, object] = {self._cache_arg: cache}
+        if self._keeps_last_logits:
+            kwargs["logits_to_keep"] = 1
+        output = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs
+        )
+        return output.logits[:, -1, :].float()
+
+    def _new_cache(self, capacity: int) -> DynamicCache:
+        if self._flat_cache:
+            return FlatCache(self.model.config, capacity)
+        return DynamicCache(config=self.model.config)
+
+    def _generate_batch(
+        self,
+        units: list[_Unit],
+        prompts: list[list[int]],
+        params: SamplingParams,
+        generator: torch.Generator,
+        version: int,
+    ) -> list[list[Completion]]:
+        device = self.device
+        lengths = [len(prompts[unit.prompt]) for unit in units]
+        width = max(lengths)
+        max_new = params.max_new_tokens
+        # Left padding: every prompt ends at column `width - 1`, so one decode step serves all rows.
+        input_ids = torch.full((len(units), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(units), width + max_new), dtype=torch.long)
+        for row, (unit, length) in enumerate(zip(units, lengths)):
+            input_ids[row, width - length :] = torch.tensor(prompts[unit.prompt], dtype=torch.long)
+            attention[row, width - length :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        padded = min(lengths) < width
+        positions = (attention[:, :width].cumsum(-1) - 1).clamp(min=0)
+
+        cache = self._new_cache(width + max_new)
+        logits = self._forward(input_ids, attention[:, :width] if padded else None, positions, cache)
+
+        # Prefix reuse: each prompt's cache row is copied to its samples, not recomputed.
+        counts = torch.tensor([unit.count for unit in units], device=device)
+        source = torch.repeat_interleave(torch.arange(len(units), device=device), counts)
+        if len(source) != len(units):
+            cache.batch_select_indices(source)
+            logits, attention = logits[source], attention[source]
+        rows = len(source)
+        next_position = torch.tensor(lengths, device=device)[source]
+
+        tokens = torch.zeros((rows, max_new), dtype=torch.long, device=device)  # (R, max_new)
+        logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=device)  # (R, max_new)
+        generated = [max_new] * rows  # tokens kept per row
+        reasons: list[FinishReason] = ["length"] * rows
+        live = torch.arange(rows, device=device)  # output row of each batch row
+        alive = torch.ones(rows, dtype=torch.bool, device=device)  # batch rows still sampling
+        eos = torch.tensor(self.eos_ids, device=device)
+        stops = _StopChecker(self.tokenizer, params.stop) if params.stop else None
+
+        for step in range(max_new):
+            token, logprob = _sample(logits, params, generator)
+            tokens[live, step] = token
+            logprobs[live, step] = logprob
+            finished = torch.zeros_like(alive)
+            if self.eos_ids and not params.ignore_eos:
+                finished = torch.isin(token, eos) & alive
+            if stops is not None:
+                hits = stops.check(tokens, live, alive & ~finished, step)
+                if hits:
+                    finished[torch.tensor(hits, device=device)] = True
+            ended = live[finished].tolist()
+            for out_row in ended:
+                generated[out_row] = step + 1
+                reasons[out_row] = "stop"
+            if ended:
+                alive &= ~finished
+            dead = int((~alive).sum())
+            if step + 1 == max_new or dead == len(alive):
+                break
+            # Dropping rows copies the cache, so wait until enough of the batch is finished.
+            if dead and dead * 8 >= len(alive):
+                keep = alive.nonzero().flatten()
+                cache.batch_select_indices(keep)
+                token, live, attention, next_position = token[keep], live[keep], attention[keep], next_position[keep]
+                alive = alive[keep]
+                padded = padded and not bool(attention[:, :width].all())
+            mask = attention[:, : width + step + 1] if padded else None
+            logits = self._forward(token[:, None], mask, next_position[:, None], cache)
+            next_position = next_position + 1
+
+        return self._completions(units, prompts, tokens, logprobs, generated, reasons, params, version)
+
+    def _completions(
+        self,
+        units: list[_Unit],
+        prompts: list[list[int]],
+        tokens: Tensor,
+        logprobs: Tensor,
+        generated: list[int],
+        reasons: list[FinishReason],
+        params: SamplingParams,
+        version: int,
+    ) -> list[list[Completion]]:
+        token_lists = [row[:count] for row, count in zip(tokens.tolist(), generated)]
+        logprob_lists = [row[:count] for row, count in zip(logprobs.tolist(), generated)]
+        texts = self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
+        if params.stop:
+            texts = [_cut_at_stop(text, params.stop) for text in texts]
+        out: list[list[Completion]] = []
+        row = 0
+        for unit in units:
+            group = []
+            for _ in range(unit.count):
+                group.append(
+                    Completion(
+                        prompt_ids=list(prompts[unit.prompt]),
+                        token_ids=token_lists[row],
+                        logprobs=logprob_lists[row],
+                        text=texts[row],
+                        finish_reason=reasons[row],
+                        weight_version=version,
+                    )
+                )
+                row += 1
+            out.append(group)
+        return out
+
+
+# -------------------------------------------------------------------- sampling
+
+
+def _sample(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """One token per row and its logprob (see the module docstring): logits (B, V) -> (B,), (B,)."""
+    if params.temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        token = logits.argmax(dim=-1)
+    else:
+        logp = torch.log_softmax(logits / params.temperature, dim=-1)
+        probs = logp.exp()
+        if params.top_p < 1.0:
+            probs = _top_p(probs, params.top_p)
+        token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return token, logp.gather(1, token[:, None]).squeeze(1)
+
+
+def _top_p(probs: Tensor, top_p: float) -> Tensor:
+    """Zero all but the smallest set of most likely tokens whose mass reaches `top_p`: (B, V)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)  # the top token always stays
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+class _StopChecker:
+    """Finds rows whose completion now contains a stop string, decoding only a recent window."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        # A token holds at least one byte, so this many tokens cover any stop string plus a token
+        # split at the window's edge.
+        self.window = max(len(s.encode("utf-8")) for s in stop) + 2
+
+    def check(self, tokens: Tensor, live: Tensor, candidates: Tensor, step: int) -> list[int]:
+        """Batch rows (of `candidates`) whose last `window` tokens decode to text with a stop string."""
+        batch_rows = candidates.nonzero().flatten().tolist()
+        if not batch_rows:
+            return []
+        start = max(0, step + 1 - self.window)
+        out_rows = live[batch_rows].tolist()
+        windows = tokens[out_rows, start : step + 1].tolist()
+        texts = self.tokenizer.batch_decode(windows, skip_special_tokens=True)
+        hits = [row for row, text in zip(batch_rows, texts) if any(s in text for s in self.stop)]
+        if not hits or start == 0:
+            return hits
+        # A window can mis-decode a multi-byte character at its left edge; confirm on the full text.
+        confirmed = []
+        for row in hits:
+            full = self.tokenizer.decode(tokens[int(live[row]), : step + 1].tolist(), skip_special_tokens=True)
+            if any(s in full for s in self.stop):
+                confirmed.append(row)
+        return confirmed
+
+
+def _cut_at_stop(text: str, stop: list[str]) -> str:
+    """`text` up to (not including) the earliest stop string."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every id that ends a completion: the tokenizer's eos plus the generation config's (often a list)."""
+    ids: list[int] = []
+    candidates: list[object] = [tokenizer.eos_token_id]
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        candidates.append(generation_config.eos_token_id)
+    for candidate in candidates:
+        for value in candidate if isinstance(candidate, (list, tuple)) else [candidate]:
+            if value is not None and int(value) not in ids:
+                ids.append(int(value))
+    return ids
