@@ -47,18 +47,19 @@ def test_smoke_quickstart_writes_a_complete_run_folder(tmp_path: Path) -> None:
 
 
 def test_crashed_run_resumes_without_losing_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tidal.trainer.trainer import Trainer
+    from tidal.rollout.engine import EmbeddedEngine
 
-    original = Trainer.rl_step
+    original = EmbeddedEngine.update_weights
     calls = {"n": 0}
 
-    def crash_on_third(self: Trainer, batch: object) -> dict:
+    def crash_on_third(self: EmbeddedEngine, state: object, version: int) -> None:
+        # Called once per RL step, after the step's trajectories are stored and its update ran.
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("simulated crash")
-        return original(self, batch)
+        original(self, state, version)
 
-    monkeypatch.setattr(Trainer, "rl_step", crash_on_third)
+    monkeypatch.setattr(EmbeddedEngine, "update_weights", crash_on_third)
     cfg = qs.find_config("smoke")
     with pytest.raises(RuntimeError, match="simulated crash"):
         qs.run_quickstart(cfg, ["trainer.steps=4"], tmp_path, "crash")
@@ -67,7 +68,7 @@ def test_crashed_run_resumes_without_losing_work(tmp_path: Path, monkeypatch: py
     assert writer.steps() == [0, 1, 2]  # step 2 was stored before its update crashed
     saved_step0 = writer.read_step(0)
 
-    monkeypatch.setattr(Trainer, "rl_step", original)
+    monkeypatch.setattr(EmbeddedEngine, "update_weights", original)
     result = runner.invoke(app, ["train", str(run.path)])
     assert result.exit_code == 0, result.output
     assert writer.steps() == [0, 1, 2, 3]
