@@ -3,6 +3,7 @@
 from tidal.reward.registry import (
     ScoringContext,
     Verifier,
+    get_batch_verifier,
     get_verifier,
     known_verifiers,
     verifier,
@@ -14,6 +15,7 @@ __all__ = [
     "Scorer",
     "ScoringContext",
     "Verifier",
+    "get_batch_verifier",
     "get_verifier",
     "known_verifiers",
     "score_answer",

@@ -62,6 +62,8 @@ class ScoringContext:
 
 
 Verifier = Callable[[Task, str, ScoringContext], Score]
+# Scores several answers to ONE task at once, in order; each score must equal the verifier's own.
+BatchVerifier = Callable[[Task, list[str], ScoringContext], list[Score]]
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class VerifierEntry:
     name: str
     function: Verifier
     aliases: tuple[str, ...] = ()
+    batch: BatchVerifier | None = None
 
     @property
     def description(self) -> str:
@@ -79,11 +82,17 @@ class VerifierEntry:
 _VERIFIERS: dict[str, VerifierEntry] = {}
 
 
-def verifier(name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[Verifier], Verifier]:
-    """Register `fn(task, answer, ctx) -> Score` as the verifier `name` (and its `aliases`)."""
+def verifier(
+    name: str, *, aliases: tuple[str, ...] = (), batch: BatchVerifier | None = None
+) -> Callable[[Verifier], Verifier]:
+    """Register `fn(task, answer, ctx) -> Score` as the verifier `name` (and its `aliases`).
+
+    `batch(task, answers, ctx) -> scores`, when given, scores several answers to one task in one
+    go (one sandbox instead of one each); `Scorer.score_many` uses it for groups of answers.
+    """
 
     def decorate(function: Verifier) -> Verifier:
-        entry = VerifierEntry(name, function, tuple(aliases))
+        entry = VerifierEntry(name, function, tuple(aliases), batch)
         for key in (name, *aliases):
             existing = _VERIFIERS.get(key)
             if existing is not None and existing.function is not function:
@@ -101,6 +110,13 @@ def get_verifier(name: str) -> Verifier:
     if entry is None:
         raise UnknownNameError("verifier", name, list(_VERIFIERS))
     return entry.function
+
+
+def get_batch_verifier(name: str) -> BatchVerifier | None:
+    """The batch form of the verifier `name`, or None when it has none (or is unknown)."""
+    _load_builtins()
+    entry = _VERIFIERS.get(name)
+    return entry.batch if entry is not None else None
 
 
 def known_verifiers() -> set[str]:

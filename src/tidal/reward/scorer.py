@@ -1,23 +1,28 @@
 """Score answers to tasks: pick the task's verifier, run it, cache the result, in parallel.
 
 Scoring threads mostly wait on sandbox subprocesses, so a thread pool of `sandbox.workers` is
-enough to keep that many sandboxes busy.
+enough to keep that many sandboxes busy. `score_many` hands the answers to one task to the
+verifier's batch form when it has one (python_tests: one sandbox per task, not per answer).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from tidal.config.schema import RewardConfig
-from tidal.reward.registry import ScoringContext, decode_answer, get_verifier
+from tidal.reward.registry import BatchVerifier, ScoringContext, decode_answer, get_batch_verifier, get_verifier
 from tidal.sandbox.base import SandboxBackend
 from tidal.types import Outcome, Score, Task
 
 # Outcomes that may change on a retry (a busy host, a flaky sandbox) are not cached.
 UNCACHED = {Outcome.INFRA_ERROR, Outcome.TIMEOUT}
+MIN_BATCH = 2  # answers per batch below which a task's answers are not split further across workers
 
 
 class Scorer:
@@ -39,32 +44,101 @@ class Scorer:
 
     def score(self, task: Task, answer: str | bytes) -> Score:
         """The verifier's score of `answer`; bytes are decoded as UTF-8 (invalid bytes fail)."""
-        key = (task.id, _digest(answer)) if self.config.cache else None
-        if key is not None:
-            with self._lock:
-                cached = self._cache.get(key)
-            if cached is not None:
-                return _copy(cached)
+        cached = self._cached(task, answer)
+        if cached is not None:
+            return cached
         text = decode_answer(answer)
         score = text if isinstance(text, Score) else get_verifier(task.verifier.name)(task, text, self.context)
-        if key is not None and score.outcome not in UNCACHED:
-            with self._lock:
-                self._cache[key] = _copy(score)
+        self._remember(task, answer, score)
         return score
 
     def score_many(self, items: list[tuple[Task, str | bytes]]) -> list[Score]:
-        """Scores in the order of `items`, up to `sandbox.workers` at a time."""
+        """Scores in the order of `items`, up to `sandbox.workers` scoring jobs at a time.
+
+        The answers to one task (same id) whose verifier has a batch form are scored together, one
+        sandbox for the lot instead of one each (split in up to `workers` parts when there are
+        fewer tasks than workers); with the cache on, identical answers to a task are scored once.
+        """
         if not items:
             return []
-        workers = min(self.config.sandbox.workers, len(items))
-        if workers == 1:
-            return [self.score(task, answer) for task, answer in items]
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-score") as pool:
-            return list(pool.map(lambda item: self.score(*item), items))
+        scores: list[Score | None] = [None] * len(items)
+        units: list[Callable[[], list[tuple[list[int], Score]]]] = []
+        groups: dict[str, _Group] = {}
+        for index, (task, answer) in enumerate(items):
+            batch = get_batch_verifier(task.verifier.name)
+            group = groups.get(task.id)
+            if batch is None or (group is not None and task is not group.task and task != group.task):
+                units.append(functools.partial(self._score_one, index, task, answer))
+                continue
+            cached = self._cached(task, answer)
+            if cached is not None:
+                scores[index] = cached
+                continue
+            text = decode_answer(answer)
+            if isinstance(text, Score):
+                scores[index] = text
+                continue
+            group = groups.setdefault(task.id, _Group(task, batch))
+            key = _digest(answer) if self.config.cache else str(index)
+            group.answers.setdefault(key, (text, []))[1].append(index)
+        batches = [group for group in groups.values() if len(group.answers) > 1]
+        for group in groups.values():
+            distinct = list(group.answers.values())
+            parts = max(1, min(self.config.sandbox.workers // max(1, len(batches)), len(distinct) // MIN_BATCH))
+            for part in range(parts):
+                units.append(functools.partial(self._score_group, group, distinct[part::parts]))
+
+        workers = min(self.config.sandbox.workers, len(units))
+        if workers <= 1:
+            done = [unit() for unit in units]
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tidal-score") as pool:
+                done = list(pool.map(lambda unit: unit(), units))
+        for unit_scores in done:
+            for indices, score in unit_scores:
+                for index in indices:
+                    scores[index] = score if index == indices[0] else _copy(score)
+        assert all(score is not None for score in scores)
+        return scores  # type: ignore[return-value]
+
+    def _score_one(self, index: int, task: Task, answer: str | bytes) -> list[tuple[list[int], Score]]:
+        return [([index], self.score(task, answer))]
+
+    def _score_group(self, group: _Group, answers: list[tuple[str, list[int]]]) -> list[tuple[list[int], Score]]:
+        """Distinct answers to one task, with the item indices of each: their scores (cached)."""
+        texts = [text for text, _ in answers]
+        if len(texts) == 1:
+            scores = [get_verifier(group.task.verifier.name)(group.task, texts[0], self.context)]
+        else:
+            scores = group.batch(group.task, texts, self.context)
+        for text, score in zip(texts, scores):
+            self._remember(group.task, text, score)
+        return [(indices, score) for (_, indices), score in zip(answers, scores)]
+
+    def _cached(self, task: Task, answer: str | bytes) -> Score | None:
+        if not self.config.cache:
+            return None
+        with self._lock:
+            cached = self._cache.get((task.id, _digest(answer)))
+        return _copy(cached) if cached is not None else None
+
+    def _remember(self, task: Task, answer: str | bytes, score: Score) -> None:
+        if self.config.cache and score.outcome not in UNCACHED:
+            with self._lock:
+                self._cache[(task.id, _digest(answer))] = _copy(score)
 
     def clear_cache(self) -> None:
         with self._lock:
             self._cache.clear()
+
+
+@dataclass
+class _Group:
+    """The distinct answers to one task, each with the indices of the items that hold it."""
+
+    task: Task
+    batch: BatchVerifier
+    answers: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
 
 
 def score_answer(task: Task, answer: str | bytes, config: RewardConfig | None = None) -> Score:

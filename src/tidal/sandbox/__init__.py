@@ -1,10 +1,13 @@
 """sandbox layer: run a command in a fresh private workspace under limits, behind one protocol.
 
-`get_backend("bwrap")` (default, bubblewrap namespaces) or `get_backend("unsafe_local")` (no
-isolation, development only). See docs/design/sandbox.md.
+`get_backend("bwrap")` (default, bubblewrap namespaces; also runs batches of `python -m` jobs in
+one sandbox) or `get_backend("unsafe_local")` (no isolation, development only). See
+docs/design/sandbox.md.
 """
 
 from tidal.sandbox.base import (
+    BatchBackend,
+    BatchJob,
     SandboxBackend,
     SandboxResult,
     SandboxStatus,
@@ -16,6 +19,8 @@ from tidal.sandbox.bwrap import BwrapBackend
 from tidal.sandbox.local import UnsafeLocalBackend
 
 __all__ = [
+    "BatchBackend",
+    "BatchJob",
     "BwrapBackend",
     "SandboxBackend",
     "SandboxResult",

@@ -13,7 +13,7 @@ import os
 import shutil
 import signal
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol, runtime_checkable
@@ -114,6 +114,51 @@ class SandboxBackend(Protocol):
         harness_files: dict[str, str | bytes] | None = None,
         report_input: bytes | None = None,
     ) -> SandboxResult: ...
+
+
+@dataclass
+class BatchJob:
+    """One command of a batch: the arguments `SandboxBackend.run` takes, for `python -m module`."""
+
+    argv: list[str]  # [backend.python, *interpreter flags, "-m", module, *args]
+    files: dict[str, str | bytes]
+    limits: Limits
+    env: dict[str, str] | None = None
+    after: AfterRun | None = None
+    report_input: bytes | None = None
+
+
+@runtime_checkable
+class BatchBackend(SandboxBackend, Protocol):
+    """A backend that also runs several `python -m` commands in ONE sandbox, one after another.
+
+    `run_batch` starts the interpreter once, imports `preload` once, then runs each job in a forked
+    child with the job's own fresh workspace, environment, limits, wall clock and report channel,
+    and kills every process the job left before the next one starts. `harness_files` are shared
+    by the jobs. Every job must use the same interpreter flags. Returns one entry per job, in
+    order: its `SandboxResult`, exactly what `run(job.argv, ...)` would describe, or None when the
+    batch could not vouch for it (the sandbox broke, or a job killed its harness); the caller runs
+    those with `run`. Raises `ValueError` for a job `run` would refuse.
+    """
+
+    def run_batch(
+        self,
+        jobs: Sequence[BatchJob],
+        *,
+        harness_files: dict[str, str | bytes] | None = None,
+        preload: Sequence[str] = (),
+    ) -> list[SandboxResult | None]: ...
+
+
+def split_module_argv(argv: list[str], python: str) -> tuple[list[str], str, list[str]]:
+    """`[python, *flags, "-m", module, *args]` as (flags, module, args); ValueError otherwise."""
+    if not argv or argv[0] != python or "-m" not in argv:
+        raise ValueError(f"a batch job must run {python} -m <module>, not {argv[:4]!r}")
+    at = argv.index("-m")
+    flags = argv[1:at]
+    if at + 1 >= len(argv) or any(not flag.startswith("-") for flag in flags):
+        raise ValueError(f"a batch job must run {python} [flags] -m <module> [args], not {argv!r}")
+    return flags, argv[at + 1], argv[at + 2:]
 
 
 # ----------------------------------------------------------------------------- registry

@@ -15,6 +15,7 @@ written from here (`--userns-block-fd`): 65534 inside is 65534 (nobody) on the h
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from tidal.sandbox.base import (
     REPORT_CAP_BYTES,
     REPORT_FD_ENV,
     AfterRun,
+    BatchJob,
     SandboxResult,
     chown_tree,
     classify,
@@ -51,6 +53,7 @@ from tidal.sandbox.base import (
     remove_tree,
     write_tree,
 )
+from tidal.sandbox.batch import CONTROL_ENV, READY_S, ZYGOTE_FILE, ZYGOTE_SOURCE, BatchDriver, BatchLayout, batch_flags
 from tidal.sandbox.process import supervise
 from tidal.types import Limits
 
@@ -244,7 +247,17 @@ class BwrapBackend:
         args += ["--bind", str(run_dir / "workspace"), WORKSPACE, "--chdir", WORKSPACE]
         return args
 
-    def _inner_prefix(self, limits: Limits, marker: str) -> list[str]:
+    def rlimits(self, limits: Limits, extra_processes: int = 0) -> dict[str, tuple[int, int]]:
+        """(soft, hard) per prlimit option name. `extra_processes` more processes of the sandbox user
+        run beside the command (a batch's zygote), so RLIMIT_NPROC leaves the command as many."""
+        cpu = max(1, math.ceil(limits.timeout_s))
+        memory = limits.memory_mb * 1024 * 1024
+        file_size = self.file_size_mb * 1024 * 1024
+        pids = limits.pids + extra_processes
+        return {"cpu": (cpu, cpu + 1), "as": (memory, memory), "fsize": (file_size, file_size),
+                "nofile": (self.open_files, self.open_files), "nproc": (pids, pids), "core": (0, 0)}
+
+    def _inner_prefix(self, rlimits: dict[str, tuple[int, int]], marker: str) -> list[str]:
         """What runs inside before the command: (drop to uid 65534,) print the start marker, set
         the limits, exec the command."""
         prefix: list[str] = []
@@ -253,25 +266,15 @@ class BwrapBackend:
                 self.tools["setpriv"], f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--keep-groups",
                 "--inh-caps=-all", "--bounding-set=-all", "--",
             ]
-        cpu = max(1, math.ceil(limits.timeout_s))
         prefix += [self.tools["sh"], "-c", 'printf %s "$0"; exec "$@"', marker]
-        prefix += [
-            self.tools["prlimit"],
-            f"--cpu={cpu}:{cpu + 1}",
-            f"--as={limits.memory_mb * 1024 * 1024}",
-            f"--fsize={self.file_size_mb * 1024 * 1024}",
-            f"--nofile={self.open_files}",
-            f"--nproc={limits.pids}",
-            "--core=0",
-            "--",
-        ]
+        prefix += [self.tools["prlimit"], *(f"--{name}={soft}:{hard}" for name, (soft, hard) in rlimits.items()), "--"]
         return prefix
 
-    def _env(self, env: dict[str, str] | None, report_fd: int | None) -> dict[str, str]:
+    def _env(self, env: dict[str, str] | None, report_fd: int | None, home: str = WORKSPACE) -> dict[str, str]:
         python_bin = os.path.dirname(self.python)
         inner = dict(BASE_ENV)
         inner["PATH"] = f"{python_bin}:/usr/local/bin:/usr/bin:/bin"
-        inner["HOME"] = WORKSPACE
+        inner["HOME"] = home
         inner["PYTHONPATH"] = ":".join(p for p in (HARNESS_ROOT, self.mounts.site) if p)
         inner[HARNESS_ENV] = HARNESS_ROOT
         if self.mounts.ld_library_path:
@@ -298,15 +301,8 @@ class BwrapBackend:
             raise ValueError("argv must name a command")
         run_dir = Path(tempfile.mkdtemp(prefix="tidal-sandbox-", dir=self.workdir))
         try:
-            workspace, harness = run_dir / "workspace", run_dir / "harness"
-            workspace.mkdir()
-            harness.mkdir(mode=0o755)
+            workspace = self._prepare(run_dir, harness_files)
             write_tree(workspace, files)
-            write_tree(harness, harness_files or {})
-            for folder, dirs, _ in os.walk(harness):
-                for name in dirs:
-                    os.chmod(os.path.join(folder, name), 0o755)
-            harness.chmod(0o755)
             if self.as_root:
                 chown_tree(workspace, SANDBOX_UID, SANDBOX_UID)
             result = self._run_in(run_dir, argv, limits, env, report_input)
@@ -316,79 +312,49 @@ class BwrapBackend:
         finally:
             remove_tree(run_dir)
 
+    def _prepare(self, run_dir: Path, harness_files: dict[str, str | bytes] | None) -> Path:
+        """The run folder's workspace (empty) and read-only harness folder; the workspace's path."""
+        workspace, harness = run_dir / "workspace", run_dir / "harness"
+        workspace.mkdir(mode=0o755)
+        harness.mkdir(mode=0o755)
+        write_tree(harness, harness_files or {})
+        for folder, dirs, _ in os.walk(harness):
+            for name in dirs:
+                os.chmod(os.path.join(folder, name), 0o755)
+        harness.chmod(0o755)
+        return workspace
+
     def _run_in(
         self, run_dir: Path, argv: list[str], limits: Limits, env: dict[str, str] | None, report_input: bytes | None
     ) -> SandboxResult:
         marker = f"tidal-start-{secrets.token_hex(8)}:"
-        ours: list[int] = []  # descriptors the child gets; closed here once it has them
-        info_read = block_write = None
-        info_fd = block_fd = None
-        if self.as_root:
-            info_read, info_fd = os.pipe()
-            block_fd, block_write = os.pipe()
-            ours += [info_fd, block_fd]
         parent_socket = child_socket = None
         if report_input is not None:
             parent_socket, child_socket = socket.socketpair()
-            ours.append(child_socket.fileno())
-        command = self._bwrap_args(run_dir, info_fd, block_fd) + self._inner_prefix(limits, marker) + argv
+        inner = self._inner_prefix(self.rlimits(limits), marker) + argv
         started = time.monotonic()
         try:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=self._env(env, child_socket.fileno() if child_socket else None),
-                pass_fds=tuple(ours),
-                start_new_session=True,
-            )
-        except OSError as error:
-            raise SandboxUnavailableError(f"could not start bwrap: {error}; {INSTALL_HINT}") from error
+            with self._started(
+                run_dir, inner, self._env(env, child_socket.fileno() if child_socket else None),
+                [child_socket.fileno()] if child_socket else [],
+            ) as (process, kill):
+                if child_socket is not None:
+                    child_socket.close()
+                run = supervise(
+                    process,
+                    started=started,
+                    deadline=started + limits.timeout_s,
+                    kill=kill,
+                    stdout_cap=self.output_cap + len(marker),
+                    stderr_cap=self.output_cap,
+                    report_cap=self.report_cap,
+                    report_socket=parent_socket,
+                    report_input=report_input,
+                )
         finally:
-            for fd in (info_fd, block_fd):
-                if fd is not None:
-                    os.close(fd)
-            if child_socket is not None:
-                child_socket.close()
-
-        def kill() -> None:
-            if process.returncode is not None:
-                return  # reaped: its process group id may belong to someone else by now
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # pid 1 of the sandbox dies with it, and its namespace
-            except ProcessLookupError:
-                pass
-
-        try:
-            if info_read is not None and block_write is not None:
-                self._map_user(process, info_read, block_write, kill)
-            run = supervise(
-                process,
-                started=started,
-                deadline=started + limits.timeout_s,
-                kill=kill,
-                stdout_cap=self.output_cap + len(marker),
-                stderr_cap=self.output_cap,
-                report_cap=self.report_cap,
-                report_socket=parent_socket,
-                report_input=report_input,
-            )
-        finally:
-            kill()
-            if process.returncode is None:
-                process.wait()
-            for stream in (process.stdout, process.stderr):
-                if stream is not None:
-                    stream.close()
-            for fd in (info_read, block_write):
-                if fd is not None:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-            if parent_socket is not None:
-                parent_socket.close()
+            for end in (child_socket, parent_socket):
+                if end is not None:
+                    end.close()
 
         stdout = bytes(run.stdout.data)
         if not stdout.startswith(marker.encode()):
@@ -419,6 +385,117 @@ class BwrapBackend:
             report_truncated=run.report.truncated,
             detail=detail,
         )
+
+    @contextlib.contextmanager
+    def _started(
+        self, run_dir: Path, inner: list[str], env: dict[str, str], fds: list[int]
+    ) -> Iterator[tuple[subprocess.Popen[bytes], Callable[[], None]]]:
+        """bwrap running `inner` (prefix and command) with `fds` passed in; yields the process and a
+        function that kills the whole sandbox, and kills and reaps it on the way out."""
+        ours = list(fds)  # descriptors the child gets
+        info_read = block_write = None
+        info_fd = block_fd = None
+        if self.as_root:
+            info_read, info_fd = os.pipe()
+            block_fd, block_write = os.pipe()
+            ours += [info_fd, block_fd]
+        try:
+            process = subprocess.Popen(
+                self._bwrap_args(run_dir, info_fd, block_fd) + inner,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                pass_fds=tuple(ours),
+                start_new_session=True,
+            )
+        except OSError as error:
+            for fd in (info_read, block_write):
+                if fd is not None:
+                    os.close(fd)
+            raise SandboxUnavailableError(f"could not start bwrap: {error}; {INSTALL_HINT}") from error
+        finally:
+            for fd in (info_fd, block_fd):
+                if fd is not None:
+                    os.close(fd)
+
+        def kill() -> None:
+            if process.returncode is not None:
+                return  # reaped: its process group id may belong to someone else by now
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # pid 1 of the sandbox dies with it, and its namespace
+            except ProcessLookupError:
+                pass
+
+        try:
+            if info_read is not None and block_write is not None:
+                self._map_user(process, info_read, block_write, kill)
+            yield process, kill
+        finally:
+            kill()
+            if process.returncode is None:
+                process.wait()
+            for stream in (process.stdout, process.stderr):
+                if stream is not None:
+                    stream.close()
+            for fd in (info_read, block_write):
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+
+    # ------------------------------------------------------------------ batch
+
+    def run_batch(
+        self,
+        jobs: Sequence[BatchJob],
+        *,
+        harness_files: dict[str, str | bytes] | None = None,
+        preload: Sequence[str] = (),
+    ) -> list[SandboxResult | None]:
+        """See `BatchBackend`. One sandbox whose command is the zygote (zygote.py); the workspace
+        root is the host's (read-only to the jobs on a root host), each job's workspace a fresh
+        folder in it, written and checked from here (batch.py)."""
+        if not jobs:
+            return []
+        flags, commands = batch_flags(jobs, self.python)
+        run_dir = Path(tempfile.mkdtemp(prefix="tidal-batch-", dir=self.workdir))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            workspace = self._prepare(run_dir, {**(harness_files or {}), ZYGOTE_FILE: ZYGOTE_SOURCE})
+            widest = Limits(
+                timeout_s=min(3600, sum(job.limits.timeout_s for job in jobs) + READY_S),
+                memory_mb=max(job.limits.memory_mb for job in jobs),
+                pids=max(job.limits.pids for job in jobs),
+            )
+            env = self._env(None, None)
+            env[CONTROL_ENV] = str(theirs.fileno())
+            command = [self.python, *flags, f"{HARNESS_ROOT}/{ZYGOTE_FILE}", WORKSPACE, *preload]
+            inner = self._inner_prefix(self.rlimits(widest, extra_processes=1), f"tidal-start-{secrets.token_hex(8)}:")
+            layout = BatchLayout(
+                workspace=workspace,
+                inside=WORKSPACE,
+                owner=(SANDBOX_UID, SANDBOX_UID) if self.as_root else None,
+                env=lambda job_env, home, report: self._env(job_env, 3 if report else None, home=home),
+                rlimits=lambda limits: self.rlimits(limits, extra_processes=1),
+                exit_status=lambda code, sig: _exit_and_signal(code) if code is not None else (None, sig),
+                output_cap=self.output_cap,
+                report_cap=self.report_cap,
+            )
+            try:
+                with self._started(run_dir, inner + command, env, [theirs.fileno()]) as (process, _):
+                    theirs.close()
+                    assert process.stdout is not None and process.stderr is not None
+                    driver = BatchDriver(ours, [process.stdout.fileno(), process.stderr.fileno()], layout)
+                    return driver.run(jobs, commands)
+            except SandboxUnavailableError as error:
+                log.info("sandbox batch: %s; the jobs run one sandbox each", error)
+                return [None] * len(jobs)
+        finally:
+            ours.close()
+            theirs.close()
+            remove_tree(run_dir)
 
     def _map_user(
         self, process: subprocess.Popen[bytes], info_read: int, block_write: int, kill: Callable[[], None]

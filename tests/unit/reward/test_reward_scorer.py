@@ -86,3 +86,37 @@ def test_python_tests_through_the_scorer(sandboxed: ScoringContext) -> None:
     scorer = Scorer(RewardConfig(sandbox=SandboxConfig(workers=2)), backend=sandboxed.sandbox())
     good, bad = scorer.score_many([(task, "def double(x):\n    return 2 * x\n"), (task, "def double(x):\n    return x\n")])
     assert (good.outcome, bad.outcome) == (Outcome.PASSED, Outcome.FAILED)
+
+
+def test_score_many_hands_each_tasks_answers_to_the_batch_form(isolated_registry: None) -> None:
+    batches: list[tuple[str, list[str]]] = []
+
+    def scoring(task: Task, answer: str, ctx: ScoringContext) -> Score:
+        return Score(1.0 if answer == "good" else 0.0, Outcome.PASSED if answer == "good" else Outcome.FAILED)
+
+    def scoring_batch(task: Task, answers: list[str], ctx: ScoringContext) -> list[Score]:
+        batches.append((task.id, list(answers)))
+        return [scoring(task, answer, ctx) for answer in answers]
+
+    verifier("batched", batch=scoring_batch)(scoring)
+    first = Task(id="b/1", domain="custom", prompt="?", verifier={"name": "batched"})
+    second = Task(id="b/2", domain="custom", prompt="?", verifier={"name": "batched"})
+    items: list[tuple[Task, str | bytes]] = [
+        (first, "good"), (second, "bad"), (first, "bad"), (first, b"good"), (second, "good"), (first, b"\xff"),
+        (second, "other"),
+    ]
+    scorer = Scorer(RewardConfig(sandbox=SandboxConfig(workers=2)))
+    scores = scorer.score_many(items)
+    assert [s.value for s in scores] == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    assert scores[5].outcome is Outcome.FAILED and "UTF-8" in scores[5].detail
+    assert sorted(batches) == [("b/1", ["good", "bad"]), ("b/2", ["bad", "good", "other"])]  # duplicates once
+
+    batches.clear()  # one task, more workers than tasks: its answers are split so both workers are busy
+    answers = [f"answer {i}" for i in range(8)]
+    Scorer(RewardConfig(sandbox=SandboxConfig(workers=2))).score_many([(first, a) for a in answers])
+    assert sorted(len(group) for _, group in batches) == [4, 4]
+    assert sorted(a for _, group in batches for a in group) == sorted(answers)
+
+    batches.clear()  # without the cache, nothing is shared, not even within a call
+    Scorer(RewardConfig(cache=False)).score_many([(first, "good"), (first, "good"), (first, "bad")])
+    assert batches == [("b/1", ["good", "good", "bad"])]

@@ -40,11 +40,19 @@ from typing import Any
 
 from tidal.errors import SandboxUnavailableError
 from tidal.reward.registry import ScoringContext, check_answer, failed, task_problem, verifier
-from tidal.sandbox.base import SandboxResult, SandboxStatus, safe_relative_path
+from tidal.sandbox.base import BatchBackend, BatchJob, SandboxResult, SandboxStatus, safe_relative_path
 from tidal.types import Outcome, Score, Task
 
 PLUGIN_MODULE = "tidal_pytest_report"
 PLUGIN_SOURCE = (Path(__file__).parent / "pytest_report.py").read_text(encoding="utf-8")
+HARNESS_FILES = {f"{PLUGIN_MODULE}.py": PLUGIN_SOURCE}
+# What a batch's zygote imports once: pytest, the plugins every session loads (pytest's
+# `default_plugins`) and what they import when configured. A name this pytest lacks only costs time.
+PRELOAD = ("pytest", *(f"_pytest.{name}" for name in (
+    "mark", "main", "runner", "fixtures", "helpconfig", "python", "terminal", "debugging", "unittest", "capture",
+    "skipping", "legacypath", "tmpdir", "monkeypatch", "recwarn", "pastebin", "assertion", "junitxml", "doctest",
+    "cacheprovider", "setuponly", "setupplan", "stepwise", "unraisableexception", "threadexception", "warnings",
+    "logging", "reports", "faulthandler", "subtests", "_argcomplete")), "pdb", "readline", "faulthandler")
 # Files whose appearance in the workspace during a run changes how pytest or Python behaves.
 RISKY_NAMES = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
                "sitecustomize.py", "usercustomize.py"}
@@ -281,9 +289,31 @@ def verdict(result: SandboxResult, report: Report, defined: list[str], allowed_c
     return Score(value, outcome, {"tests": value}, summary, info)
 
 
-@verifier("python_tests")
-def python_tests(task: Task, answer: str, ctx: ScoringContext) -> Score:
-    """The answer's last code block passes the task's pytest tests (value = fraction passed)."""
+@dataclass
+class Prepared:
+    """One answer made ready for the sandbox: the workspace it runs in and how its run is judged."""
+
+    files: dict[str, str | bytes]
+    paths: list[str]  # the test modules pytest is pointed at
+    defined: list[str]  # the test ids the test files define
+    protected: Protected
+    allowed_conftests: set[str]
+    nonce: str = field(default_factory=lambda: secrets.token_hex(16))
+
+    def job(self, task: Task, python: str, ctx: ScoringContext) -> BatchJob:
+        # `python -m pytest` puts the workspace on sys.path, as task authors expect.
+        argv = [python, "-s", "-B", "-m", "pytest", "-p", PLUGIN_MODULE, "-p", "no:cacheprovider",
+                "-q", "--color=no", "--tb=short", "-o", "addopts=", "--rootdir=.", *self.paths]
+        return BatchJob(argv, self.files, ctx.limits(task), env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+                        after=self.protected.inspect, report_input=self.nonce.encode("ascii"))
+
+    def score(self, task: Task, result: SandboxResult) -> Score:
+        report = Report.parse(result.report, self.nonce, result.report_truncated)
+        return verdict(result, report, self.defined, self.allowed_conftests, task)
+
+
+def prepare(task: Task, answer: str) -> Prepared | Score:
+    """The answer's workspace, or the score of an answer or task that needs no sandbox to judge."""
     problem = check_answer(answer)
     if problem is not None:
         return problem
@@ -311,26 +341,52 @@ def python_tests(task: Task, answer: str, ctx: ScoringContext) -> Score:
     files: dict[str, str | bytes] = {entrypoint: code}
     files.update((name, content) for name, content in task.files.items() if name != entrypoint)
     files.update(task.tests)
-    protected = Protected.of(files, exclude=entrypoint)
     allowed_conftests = {n for n in files if PurePosixPath(n).name == "conftest.py"}
-    nonce = secrets.token_hex(16)
+    return Prepared(files, paths, defined, Protected.of(files, exclude=entrypoint), allowed_conftests)
+
+
+def python_tests_batch(task: Task, answers: list[str], ctx: ScoringContext) -> list[Score]:
+    """Several answers to one task in one sandbox (`BatchBackend.run_batch`: pytest imported once,
+    a forked child per answer). Each run is judged exactly as `python_tests` judges its own; an
+    answer the batch could not vouch for (its harness died or was tampered with), or every answer
+    when the backend has no batch mode, is scored alone by `python_tests`."""
+    scores: list[Score | None] = [None] * len(answers)
+    ready: list[tuple[int, Prepared]] = []
+    for index, answer in enumerate(answers):
+        prepared = prepare(task, answer)
+        if isinstance(prepared, Score):
+            scores[index] = prepared
+        else:
+            ready.append((index, prepared))
+    try:
+        backend = ctx.sandbox() if len(ready) > 1 else None
+    except SandboxUnavailableError:
+        backend = None  # each answer scored alone says so
+    if isinstance(backend, BatchBackend):
+        jobs = [prepared.job(task, backend.python, ctx) for _, prepared in ready]
+        try:
+            results = backend.run_batch(jobs, harness_files=dict(HARNESS_FILES), preload=PRELOAD)
+        except (SandboxUnavailableError, ValueError):  # scored alone, each answer says what went wrong
+            results = [None] * len(jobs)
+        for (index, prepared), result in zip(ready, results):
+            if result is not None:
+                scores[index] = prepared.score(task, result)
+    return [score if score is not None else python_tests(task, answer, ctx) for score, answer in zip(scores, answers)]
+
+
+@verifier("python_tests", batch=python_tests_batch)
+def python_tests(task: Task, answer: str, ctx: ScoringContext) -> Score:
+    """The answer's last code block passes the task's pytest tests (value = fraction passed)."""
+    prepared = prepare(task, answer)
+    if isinstance(prepared, Score):
+        return prepared
     try:
         backend = ctx.sandbox()
-        # `python -m pytest` puts the workspace on sys.path, as task authors expect.
-        argv = [backend.python, "-s", "-B", "-m", "pytest", "-p", PLUGIN_MODULE, "-p", "no:cacheprovider",
-                "-q", "--color=no", "--tb=short", "-o", "addopts=", "--rootdir=.", *paths]
-        result = backend.run(
-            argv,
-            files,
-            ctx.limits(task),
-            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-            after=protected.inspect,
-            harness_files={f"{PLUGIN_MODULE}.py": PLUGIN_SOURCE},
-            report_input=nonce.encode("ascii"),
-        )
+        job = prepared.job(task, backend.python, ctx)
+        result = backend.run(job.argv, job.files, job.limits, env=job.env, after=job.after,
+                             harness_files=dict(HARNESS_FILES), report_input=job.report_input)
     except SandboxUnavailableError as error:
         return Score(0.0, Outcome.INFRA_ERROR, {}, f"sandbox unavailable: {error}")
     except ValueError as error:  # the task's file names clash
         return task_problem(task, str(error))
-    report = Report.parse(result.report, nonce, result.report_truncated)
-    return verdict(result, report, defined, allowed_conftests, task)
+    return prepared.score(task, result)

@@ -1,0 +1,275 @@
+"""The host side of a batched run: hand the jobs one at a time to the zygote (zygote.py) that runs
+inside one sandbox, collect each job's output, report channel and exit status, check and delete
+its workspace, and give up on the zygote at the first sign that it cannot be trusted.
+
+A backend starts the sandbox with the zygote as its command and a control socket, then calls
+`BatchDriver.run`. What the driver trusts: the zygote's messages on the control socket (the jobs
+never hold that socket, and cannot reach the zygote's memory) and its own clock. A job's
+workspace is written here, on the host, only after the previous job's processes are all gone,
+and its report channel and nonce are created only when the job starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tidal.sandbox.base import (
+    BatchJob,
+    SandboxResult,
+    chown_tree,
+    classify,
+    remove_tree,
+    split_module_argv,
+    write_tree,
+)
+from tidal.sandbox.process import DRAIN_S, Capped
+from tidal.types import Limits
+
+log = logging.getLogger(__name__)
+
+ZYGOTE_FILE = "tidal_zygote.py"
+ZYGOTE_SOURCE = (Path(__file__).parent / "zygote.py").read_text(encoding="utf-8")
+CONTROL_ENV = "TIDAL_CONTROL_FD"  # must match zygote.py
+READY_S = 60.0  # how long the zygote may take to start and import the preloaded modules
+GRACE_S = 10.0  # beyond a job's timeout: for the zygote's sweep and clean-up, before it counts as hung
+# A job the zygote reports as finished in time, but that the host saw run longer than this past its
+# timeout (a job can stop the zygote's clock with SIGSTOP), is not trusted: it is rerun alone.
+LATE_S = 1.0
+DIAGNOSTIC_CAP = 16 * 1024  # kept of the zygote's own stdout/stderr, for messages
+
+
+class ZygoteLost(Exception):
+    """The zygote died, hung, said it is broken, or said something that does not add up."""
+
+
+def batch_flags(jobs: Sequence[BatchJob], python: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """The interpreter flags every job shares, and each job's (module, args); ValueError if the
+    jobs are not all `python [flags] -m module ...` with the same flags."""
+    flags: list[str] | None = None
+    commands = []
+    for job in jobs:
+        job_flags, module, args = split_module_argv(job.argv, python)
+        if flags is not None and job_flags != flags:
+            raise ValueError(f"every job of a batch must use the same interpreter flags: {flags} != {job_flags}")
+        flags = job_flags
+        commands.append((module, args))
+    return flags or [], commands
+
+
+@dataclass
+class BatchLayout:
+    """What the backend decides for each job: where workspaces live, who owns them, and how a job's
+    environment, rlimits and exit status look in this backend."""
+
+    workspace: Path  # host folder bound into the sandbox at `inside`; each job gets a fresh subfolder
+    inside: str
+    owner: tuple[int, int] | None  # chown each job's workspace to this (uid, gid); None: leave it
+    # (job env, its workspace as seen inside, whether it has a report channel) -> its environment
+    env: Callable[[dict[str, str] | None, str, bool], dict[str, str]]
+    rlimits: Callable[[Limits], dict[str, tuple[int, int]]]  # the job's (soft, hard), by zygote.RLIMITS name
+    # (exit code, signal) as the zygote saw them -> as `run` would report them
+    exit_status: Callable[[int | None, int | None], tuple[int | None, int | None]]
+    output_cap: int
+    report_cap: int
+
+
+class BatchDriver:
+    """Runs jobs through one zygote. `control` is the host end of the control socket; `streams` are
+    the sandbox process's own stdout and stderr (drained, kept for messages)."""
+
+    def __init__(self, control: socket.socket, streams: Sequence[int], layout: BatchLayout) -> None:
+        self.control = control
+        self.layout = layout
+        self.diagnostics = {fd: Capped(DIAGNOSTIC_CAP) for fd in streams}
+
+    def run(self, jobs: Sequence[BatchJob], commands: Sequence[tuple[str, list[str]]]) -> list[SandboxResult | None]:
+        """One result per job; None for the job the zygote was lost on and every job after it."""
+        results: list[SandboxResult | None] = []
+        try:
+            ready = self._receive({}, time.monotonic() + READY_S, "start")
+            if ready.get("event") != "ready":
+                raise ZygoteLost(f"the zygote did not start: {ready}")
+        except ZygoteLost as error:  # not a job's doing: the host or the sandbox is not fit for batches
+            log.warning("sandbox batch: %s; every job runs in a sandbox of its own%s", error, self._tail())
+            return [None] * len(jobs)
+        try:
+            if ready.get("failed"):
+                log.info("sandbox batch: preloading %s failed; the jobs import them themselves", ready["failed"])
+            for index, (job, (module, args)) in enumerate(zip(jobs, commands)):
+                results.append(self._run_job(index, job, module, args))
+        except ZygoteLost as error:
+            log.info(
+                "sandbox batch: %s; the %d job(s) from job %d on run one sandbox each%s",
+                error, len(jobs) - len(results), len(results), self._tail(),
+            )
+        return results + [None] * (len(jobs) - len(results))
+
+    def _tail(self) -> str:
+        text = b"".join(bytes(c.data) for c in self.diagnostics.values()).decode(errors="replace").strip()
+        return f" (zygote output: {text[-1000:]})" if text else ""
+
+    def _fresh_workspace(self, index: int) -> tuple[Path, str]:
+        """An empty folder for job `index`, after removing whatever an earlier job left in the root
+        (a backend where jobs may write there) and resetting the root's mode."""
+        root = self.layout.workspace
+        for entry in os.scandir(root):
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree(Path(entry.path))
+            else:
+                os.unlink(entry.path)
+        os.chmod(root, 0o755)
+        for name in os.listxattr(root, follow_symlinks=False):
+            if name.startswith("system.posix_acl"):  # a default ACL would reach the next job's files
+                os.removexattr(root, name, follow_symlinks=False)
+        folder = root / str(index)
+        folder.mkdir(mode=0o755)
+        return folder, f"{self.layout.inside}/{index}"
+
+    def _run_job(self, index: int, job: BatchJob, module: str, args: list[str]) -> SandboxResult:
+        layout = self.layout
+        folder, inside = self._fresh_workspace(index)
+        write_tree(folder, job.files)
+        if layout.owner is not None:
+            chown_tree(folder, *layout.owner)
+        message = {
+            "op": "run", "cwd": inside, "module": module, "args": args, "timeout_s": job.limits.timeout_s,
+            "env": layout.env(job.env, inside, job.report_input is not None),
+            "rlimits": layout.rlimits(job.limits),
+        }
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        ours, theirs = socket.socketpair() if job.report_input is not None else (None, None)
+        stdout, stderr, report = Capped(layout.output_cap), Capped(layout.output_cap), Capped(layout.report_cap)
+        streams = {out_read: stdout, err_read: stderr}
+        started = time.monotonic()
+        try:
+            fds = [out_write, err_write] + ([theirs.fileno()] if theirs is not None else [])
+            try:
+                socket.send_fds(self.control, [json.dumps(message).encode()], fds)
+            except OSError as error:
+                raise ZygoteLost(f"the zygote is gone ({error})") from error
+            finally:
+                for fd in (out_write, err_write):
+                    os.close(fd)
+                if theirs is not None:
+                    theirs.close()
+            deadline = started + job.limits.timeout_s + GRACE_S
+            if ours is not None:
+                _send_report_input(ours, job.report_input or b"", deadline)
+                streams[ours.fileno()] = report
+            done = self._receive(streams, deadline, f"job {index}")
+        finally:
+            for fd in (out_read, err_read):
+                os.close(fd)
+            if ours is not None:
+                ours.close()
+        elapsed = time.monotonic() - started
+        if done.get("event") != "done":
+            raise ZygoteLost(f"job {index}: unexpected message {done}")
+        timed_out = bool(done.get("timed_out"))
+        if not timed_out and elapsed > job.limits.timeout_s + LATE_S:
+            raise ZygoteLost(
+                f"job {index} took {elapsed:.1f}s on the host clock, past its {job.limits.timeout_s:g}s limit")
+        if timed_out:
+            exit_code, sig = None, signal.SIGKILL
+        else:
+            exit_code, sig = layout.exit_status(done.get("exit_code"), done.get("signal"))
+        stderr_bytes = bytes(stderr.data)
+        status, detail = classify(timed_out, exit_code, sig, stderr_bytes)
+        result = SandboxResult(
+            status=status,
+            exit_code=exit_code,
+            signal=sig,
+            stdout=bytes(stdout.data),
+            stderr=stderr_bytes,
+            stdout_truncated=stdout.truncated,
+            stderr_truncated=stderr.truncated,
+            wall_s=float(done.get("wall_s", elapsed)),
+            report=bytes(report.data),
+            report_truncated=report.truncated,
+            detail=detail,
+        )
+        if job.after is not None:
+            result.after_value = job.after(folder)  # every process of the job is gone (the zygote swept)
+        remove_tree(folder)
+        return result
+
+    def _receive(self, streams: dict[int, Capped], deadline: float, what: str) -> dict[str, Any]:
+        """Read `streams` and the zygote's output until the zygote sends a message and `streams`
+        are closed (or have been drained for DRAIN_S after it); the message."""
+        selector = selectors.DefaultSelector()
+        open_streams = dict(streams)
+        for fd, sink in {**self.diagnostics, **streams}.items():
+            selector.register(fd, selectors.EVENT_READ, sink)
+        selector.register(self.control.fileno(), selectors.EVENT_READ, None)
+        message: dict[str, Any] | None = None
+        drain_until = None
+        try:
+            while message is None or open_streams:
+                now = time.monotonic()
+                if message is None and now >= deadline:
+                    raise ZygoteLost(f"no word from the zygote on {what} in time")
+                if drain_until is not None and now >= drain_until:
+                    break
+                limit = drain_until if drain_until is not None else deadline
+                for key, _ in selector.select(timeout=max(0.0, limit - now)):
+                    if key.data is None:
+                        data = self.control.recv(1 << 20)
+                        if not data:
+                            raise ZygoteLost(f"the zygote exited during {what}")
+                        message = _parse(data)
+                        if message.get("event") == "broken":
+                            raise ZygoteLost(f"the zygote gave up during {what}: {message.get('detail')}")
+                        selector.unregister(key.fd)
+                        drain_until = time.monotonic() + DRAIN_S
+                        continue
+                    try:
+                        chunk = os.read(key.fd, 65536)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        chunk = b""
+                    if chunk:
+                        key.data.add(chunk)
+                    else:
+                        selector.unregister(key.fd)
+                        open_streams.pop(key.fd, None)
+        finally:
+            selector.close()
+        assert message is not None
+        return message
+
+
+def _parse(data: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(data)
+    except ValueError as error:
+        raise ZygoteLost(f"the zygote sent something that is not JSON: {data[:200]!r}") from error
+    if not isinstance(message, dict):
+        raise ZygoteLost(f"the zygote sent {message!r}")
+    return message
+
+
+def _send_report_input(channel: socket.socket, data: bytes, deadline: float) -> None:
+    """As `supervise` does: send, shut our side for writing, then only read."""
+    if data:
+        channel.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            channel.sendall(data)
+        except OSError:
+            pass  # the job is gone or not reading; its result says why
+    try:
+        channel.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    channel.setblocking(False)

@@ -1,0 +1,395 @@
+"""The zygote: runs INSIDE a sandbox, imports slow modules once, then runs each job of a batch in a
+forked child and puts the sandbox back in a clean state before the next one.
+
+Not imported by tidal: `BwrapBackend.run_batch` ships this file's text as a harness file and runs
+`python <flags> tidal_zygote.py <workspace root> <modules to preload...>` as the sandbox's
+command. It may use only the standard library. See docs/design/sandbox.md, "Batched runs".
+
+Protocol, on the SOCK_SEQPACKET socket whose fd number is in $TIDAL_CONTROL_FD (one JSON object per
+message; the host only trusts what comes over it, never the jobs' output):
+
+    zygote -> host   {"event": "ready", "failed": [modules that did not import]}
+    host -> zygote   {"op": "run", "cwd", "env", "module", "args", "rlimits", "timeout_s"}
+                     with fds: stdout, stderr[, report channel]
+    zygote -> host   {"event": "done", "exit_code", "signal", "timed_out", "wall_s"}
+                     sent once the job's child has ended, every other process of the sandbox is
+                     gone and /tmp and /dev/shm are empty
+    zygote -> host   {"event": "broken", "detail"}: the zygote cannot vouch for a clean sandbox
+                     (a job changed something a fork inherits, or left files where nothing cleans,
+                     or processes that would not die) and exits; the host runs the remaining jobs
+                     one sandbox each
+    host closes the socket: the zygote exits.
+
+A job's child runs `python -m module args` in-process (runpy, as the interpreter does), in its own
+session, with the job's environment, working directory and rlimits, its own stdout/stderr, and
+the report channel as fd 3. The zygote makes itself non-dumpable, so jobs (same uid) cannot ptrace
+it or read its memory; what they can still do to it (kill, stop, renice, lower its rlimits) either
+ends it or is caught by the check it runs before every fork.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import re
+import resource
+import select
+import shutil
+import signal
+import socket
+import stat
+import sys
+import time
+from typing import Any
+
+CONTROL_ENV = "TIDAL_CONTROL_FD"
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+SWEEP_S = 5.0  # how long the processes a job left may take to die before the sandbox counts as broken
+SETUP_FAILED = 71  # exit code of a child whose setup failed before the job's code ran
+SCRATCH = ("/tmp", "/dev/shm")  # writable places outside the workspace that outlive a process: emptied
+UNWATCHED_FILESYSTEMS = {"proc", "sysfs", "devpts", "devtmpfs", "mqueue", "cgroup", "cgroup2"}
+MAX_MESSAGE = 1 << 20
+RLIMITS = {
+    "cpu": resource.RLIMIT_CPU,
+    "as": resource.RLIMIT_AS,
+    "fsize": resource.RLIMIT_FSIZE,
+    "nofile": resource.RLIMIT_NOFILE,
+    "nproc": resource.RLIMIT_NPROC,
+    "core": resource.RLIMIT_CORE,
+}
+
+
+class Broken(Exception):
+    """The zygote cannot restore or vouch for a clean sandbox."""
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, value, 0, 0, 0) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"prctl({option}, {value}): {os.strerror(number)}")
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as file:
+        data = file.read()
+    return int(data[data.rindex(b")") + 2:].split()[1])  # the field after the state letter
+
+
+def _ancestors() -> set[int]:
+    """This process and every process above it (in a new pid namespace: the namespace's init)."""
+    found, pid = set(), os.getpid()
+    while pid > 0 and pid not in found:
+        found.add(pid)
+        pid = _parent_of(pid)
+    return found
+
+
+def _others(protected: set[int]) -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and int(entry) not in protected]
+
+
+def _reap() -> None:
+    """Collect every exited child (as subreaper, that includes the orphans of a job's processes)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _sweep(protected: set[int]) -> None:
+    """Kill every process but this one and its ancestors, until /proc shows none. A daemon that
+    left the job's session (setsid) is found here, not through the process group."""
+    deadline = time.monotonic() + SWEEP_S
+    while True:
+        _reap()
+        others = _others(protected)
+        if not others:
+            return
+        if time.monotonic() > deadline:
+            raise Broken(f"processes {others[:10]} survived SIGKILL for {SWEEP_S:g}s")
+        for pid in others:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            except PermissionError as error:
+                raise Broken(f"cannot kill process {pid}: {error}") from error
+        time.sleep(0.001)
+
+
+def _clean_scratch(modes: dict[str, int]) -> None:
+    """Empty /tmp and /dev/shm and give them back their first mode (a job may own them)."""
+    for folder, mode in modes.items():
+        if stat.S_IMODE(os.stat(folder).st_mode) != mode:
+            os.chmod(folder, mode)
+        for entry in os.scandir(folder):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, onerror=_force)
+            else:
+                os.unlink(entry.path)
+
+
+def _force(function: Any, path: str, _exc: Any) -> None:
+    os.chmod(os.path.dirname(path), stat.S_IRWXU)
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, stat.S_IRWXU)
+    function(path)
+
+
+def _under(path: str, folders: tuple[str, ...]) -> bool:
+    return any(path == folder or path.startswith(folder.rstrip("/") + "/") for folder in folders)
+
+
+def _watched(skip: tuple[str, ...]) -> tuple[list[str], set[str]]:
+    """The writable mounted folders nothing empties between jobs (with bwrap as a normal user, the
+    sandbox's own / and /dev belong to the sandbox user), and every mount point."""
+    roots, points = [], set()
+    with open("/proc/self/mountinfo", encoding="utf-8") as file:
+        for line in file:
+            fields = line.split()
+            point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), fields[4])  # "\040" is a space
+            filesystem = fields[fields.index("-") + 1]
+            points.add(point)
+            if "rw" in fields[5].split(",") and filesystem not in UNWATCHED_FILESYSTEMS \
+                    and not _under(point, skip) and os.path.isdir(point):
+                roots.append(point)
+    return roots, points
+
+
+def _files(roots: list[str], points: set[str], skip: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    """Mode, owner, size and mtime of every entry under `roots`, without entering other mounts."""
+    found = {}
+    pending = list(roots)
+    for root in roots:
+        info = os.stat(root)
+        found[root] = (info.st_mode, info.st_uid, info.st_mtime_ns)
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except PermissionError:
+            continue  # a folder this user cannot read, it cannot write either
+        for entry in entries:
+            if entry.path in points or _under(entry.path, skip):
+                continue
+            info = entry.stat(follow_symlinks=False)
+            found[entry.path] = (info.st_mode, info.st_uid, info.st_size, info.st_mtime_ns)
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(entry.path)
+    return found
+
+
+def _state(watched: tuple[list[str], set[str]], skip: tuple[str, ...]) -> dict[str, Any]:
+    """What a job could leave behind for the next one: attributes a fork inherits that another
+    process of the same user can change from outside, files in writable places nothing empties,
+    and System V IPC objects."""
+    ipc = {}
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}", encoding="utf-8") as file:
+                ipc[kind] = file.read()
+        except OSError:
+            pass
+    return {
+        "rlimits": {name: resource.getrlimit(number) for name, number in RLIMITS.items()},
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "scheduler": os.sched_getscheduler(0),
+        "files": _files(*watched, skip),
+        "System V IPC objects": ipc,
+    }
+
+
+def _exit_code(value: Any) -> int:
+    """The process exit status `SystemExit(value)` gives, as the interpreter computes it."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    try:
+        print(value, file=sys.stderr)
+    except Exception:
+        pass
+    return 1
+
+
+def _run_module(module: str, args: list[str]) -> int:
+    """`python -m module args` in this process; the exit status, after the interpreter's own
+    shutdown steps (join non-daemon threads, atexit, flush)."""
+    import atexit
+    import runpy
+    import threading
+
+    sys.argv = ["-m", *args]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as error:
+        code = _exit_code(error.code)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    for step in (threading._shutdown, atexit._run_exitfuncs):  # type: ignore[attr-defined]
+        try:
+            step()
+        except BaseException:
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    return code
+
+
+def _child(job: dict[str, Any], control: socket.socket, fds: list[int], ready: int) -> None:
+    """Become the job: own session, the job's fds as 1, 2 (and 3), environment, folder and limits;
+    say so on `ready`, then run it. Never returns."""
+    code = SETUP_FAILED
+    try:
+        control.detach()  # its fd is closed below; the object must not close a reused number later
+        os.setsid()
+        _prctl(PR_SET_DUMPABLE, 1)  # as a freshly started process is
+        floor = 10  # move every fd we keep above the numbers they are going to
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in fds]
+        ready = fcntl.fcntl(ready, fcntl.F_DUPFD, floor)
+        for target, fd in enumerate(moved, start=1):
+            os.dup2(fd, target)
+        top = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        os.closerange(len(moved) + 1, ready)
+        os.closerange(ready + 1, max(top, ready + 1))
+        os.chdir(job["cwd"])
+        os.environ.clear()
+        os.environ.update(job["env"])
+        sys.path[0] = job["cwd"]  # what `python -m` puts first
+        for name, (soft, hard) in job["rlimits"].items():
+            resource.setrlimit(RLIMITS[name], (soft, hard))
+        os.write(ready, b"1")
+        os.close(ready)
+    except BaseException:
+        os._exit(code)
+    try:
+        code = _run_module(job["module"], job["args"])
+    finally:
+        os._exit(code)
+
+
+def _wait(pid: int, deadline: float) -> bool:
+    """Wait for the child to exit; at `deadline`, kill its process group. True when it was killed."""
+    try:
+        handle = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        handle = None
+    try:
+        while True:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                return True
+            if handle is not None:
+                select.select([handle], [], [], left)
+            else:
+                time.sleep(min(left, 0.005))
+    finally:
+        if handle is not None:
+            os.close(handle)
+
+
+def _run(job: dict[str, Any], fds: list[int], control: socket.socket, protected: set[int]) -> dict[str, Any]:
+    ready_read, ready_write = os.pipe()
+    started = time.monotonic()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _child(job, control, fds, ready_write)
+    os.close(ready_write)
+    for fd in fds:
+        os.close(fd)  # the job's ends now live only in the job
+    fds.clear()
+    timed_out = _wait(pid, started + float(job["timeout_s"]))
+    _, status = os.waitpid(pid, 0)
+    wall_s = time.monotonic() - started
+    _sweep(protected)
+    os.set_blocking(ready_read, False)
+    try:
+        started_ok = os.read(ready_read, 1) == b"1"
+    except BlockingIOError:
+        started_ok = False
+    os.close(ready_read)
+    if not started_ok:
+        raise Broken(f"the child could not set up the job (wait status {status})")
+    exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    return {"event": "done", "exit_code": exit_code, "signal": sig, "timed_out": timed_out, "wall_s": wall_s}
+
+
+def _send(control: socket.socket, message: dict[str, Any]) -> None:
+    control.sendall(json.dumps(message).encode())
+
+
+def main(argv: list[str]) -> int:
+    """`argv`: the jobs' workspace root (the host checks it), then the modules to preload."""
+    control = socket.socket(fileno=int(os.environ.pop(CONTROL_ENV)))
+    os.set_inheritable(control.fileno(), False)
+    protected = _ancestors()
+    strays = _others(protected)
+    if strays:  # not alone in a fresh pid namespace: the sweep would kill what is not ours
+        _send(control, {"event": "broken", "detail": f"not alone in its pid namespace (processes {strays[:10]})"})
+        return 2
+    _prctl(PR_SET_DUMPABLE, 0)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    skip = ("/proc", argv[0], *SCRATCH)
+    failed = []
+    for name in argv[1:]:
+        try:
+            __import__(name)
+        except Exception:
+            failed.append(name)
+    modes = {folder: stat.S_IMODE(os.stat(folder).st_mode) for folder in SCRATCH if os.path.isdir(folder)}
+    watched = _watched(skip)
+    baseline = _state(watched, skip)
+    _send(control, {"event": "ready", "failed": failed})
+    while True:
+        message, fds, flags, _ = socket.recv_fds(control, MAX_MESSAGE, 3)
+        try:
+            if not message:
+                return 0
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise Broken("a control message was cut short")
+            job = json.loads(message)
+            state = _state(watched, skip)
+            changed = [key for key, value in state.items() if value != baseline[key]]
+            if changed:
+                paths = sorted({path for path, _ in set(state["files"].items()) ^ set(baseline["files"].items())})
+                raise Broken(f"a job changed the sandbox's {', '.join(changed)} {paths[:5] if paths else ''}".rstrip())
+            result = _run(job, fds, control, protected)
+            _clean_scratch(modes)
+        except Exception as error:  # whatever went wrong, the host must not trust this sandbox any more
+            detail = str(error) if isinstance(error, Broken) else f"{type(error).__name__}: {error}"
+            if not (isinstance(error, OSError) and error.errno == errno.EPIPE):
+                _send(control, {"event": "broken", "detail": detail})
+            return 3
+        finally:
+            for fd in fds:
+                os.close(fd)
+        _send(control, result)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
