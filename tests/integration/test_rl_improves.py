@@ -28,6 +28,7 @@ OVERRIDES = [
     "warm_start.steps=200",
     "warm_start.batch_size=32",
     "warm_start.lr=3e-3",
+    "warm_start.share=1.0",
     "trainer.steps=30",
     "trainer.lr=3e-4",
     "trainer.warmup_steps=3",

@@ -55,6 +55,9 @@ class DomainConfig(Section):
     n_eval: int = Field(60, ge=0, le=10_000_000, description="tasks generated for the eval split")
     min_difficulty: int = Field(1, ge=1, le=5, description="lowest generated difficulty level")
     max_difficulty: int = Field(3, ge=1, le=5, description="highest generated difficulty level")
+    warm_start_share: float | None = Field(
+        None, gt=0, le=1, description="this domain's warm_start.share (e.g. 1 for facts RL cannot discover)"
+    )
 
     @model_validator(mode="after")
     def _has_source(self) -> "DomainConfig":
@@ -132,6 +135,11 @@ class WarmStartConfig(Section):
     batch_size: int = Field(32, ge=1, description="sequences per step")
     lr: float = Field(2e-3, gt=0, le=1, description="peak learning rate (warmup then cosine)")
     prompt_weight: float = Field(0.2, ge=0, le=1, description="loss weight of prompt tokens (answer tokens: 1)")
+    share: float = Field(
+        0.5, gt=0, le=1,
+        description="share of train task contents (by hash) used for the warm start; RL samples the rest "
+        "(1 = both use all, so RL sees only memorised prompts)",
+    )
 
 
 class EvalConfig(Section):

@@ -25,7 +25,7 @@ from tidal.eval.heldout import compare, evaluate_policy, pass_rates
 from tidal.eval.report import write_report
 from tidal.models.io import count_parameters, load_model, resolve_device, save_checkpoint
 from tidal.pipeline.loop import LoopParts, resume_rl, run_rl
-from tidal.pipeline.warmstart import warm_start
+from tidal.pipeline.warmstart import split_for_warm_start, warm_start
 from tidal.reward import known_verifiers
 from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import EmbeddedEngine
@@ -86,6 +86,13 @@ class Job:
         torch.manual_seed(cfg.run.seed)
         device = resolve_device(cfg.model.device)
         train_by_domain, eval_tasks = build_tasks(cfg)
+        warm_tasks: list[Task] = []
+        if cfg.warm_start.enabled:
+            for name, tasks in train_by_domain.items():
+                share = cfg.tasks.domains[name].warm_start_share or cfg.warm_start.share
+                warm, rest = split_for_warm_start(tasks, share)
+                warm_tasks += warm
+                train_by_domain[name] = rest or tasks
         if "tasks" not in self.state:
             write_tasks([t for ts in train_by_domain.values() for t in ts], run.path / "tasks" / "train.jsonl")
             write_tasks(eval_tasks, run.path / "tasks" / "eval.jsonl")
@@ -100,14 +107,13 @@ class Job:
             warm_dir = run.checkpoints_dir / "warm-start"
             if cfg.warm_start.enabled and "warm_start" not in self.state:
                 progress.phase("warm start", cfg.warm_start.steps)
-                train_tasks = [t for ts in train_by_domain.values() for t in ts]
 
                 def on_sft(step: int, m: dict[str, float]) -> None:
                     progress.update("warm start", step, f"loss {m['loss']:.3f}")
                     if step % 25 == 0 or step == cfg.warm_start.steps:
                         run.append_metrics({"phase": "warm_start", "step": step, **m})
 
-                warm_start(model, tokenizer, train_tasks, cfg.warm_start, device, cfg.run.seed, on_sft)
+                warm_start(model, tokenizer, warm_tasks, cfg.warm_start, device, cfg.run.seed, on_sft)
                 save_checkpoint(model, tokenizer, warm_dir)
                 self.mark("warm_start")
             elif cfg.warm_start.enabled:
