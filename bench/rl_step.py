@@ -12,7 +12,7 @@ the end of the next. The result (completions/s and the ratio tidal / TRL) is wri
 "## RL step" section of bench/RESULTS.md.
 
     python bench/rl_step.py                     # 2 prompts x 8 samples, 1 warm-up + 5 timed steps
-    python bench/rl_step.py --threads 1 --rounds 2
+    python bench/rl_step.py --threads 1 2 --rounds 3   # one comparison per thread count
     python bench/rl_step.py --profile tidal     # cProfile of tidal's timed steps, top functions
 """
 
@@ -49,7 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens per completion, forced (default 32)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first, at least 1 (default 1)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per side (default 5)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads, the same for both sides (default 2)")
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[2], help="torch CPU thread counts, one comparison each (default 2)"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="run tidal then TRL this many times; medians count (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model init, prompts and sampling")
     parser.add_argument("--profile", choices=SIDES, help="cProfile one side (tidal: its timed steps; TRL: all of train()) and print the top functions; nothing is written")
@@ -57,9 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # internal: run one side, print JSON
     args = parser.parse_args(argv)
-    for name in ("prompts", "new_tokens", "steps", "threads", "rounds"):
+    for name in ("prompts", "new_tokens", "steps", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if min(args.threads) < 1:
+        parser.error("--threads must be >= 1")
     if args.samples < 2:
         parser.error("--samples must be >= 2 (a GRPO group needs two samples; TRL refuses fewer)")
     if args.warmup < 1:
@@ -123,7 +127,9 @@ def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, flo
         params = SamplingParams(
             temperature=1.0, max_new_tokens=args.new_tokens, ignore_eos=True, seed=args.seed * 1_000_003 + index
         )
+        began = time.perf_counter()
         groups = engine.generate([prompt_ids[i] for i in chosen], args.samples, params)
+        generated = time.perf_counter()
         episodes = []
         for question, group in zip(chosen, groups):
             group_id = f"step-{index:04d}/q{question:03d}"
@@ -132,9 +138,14 @@ def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, flo
                 score = Score(reward, Outcome.PASSED if reward else Outcome.FAILED)
                 episodes.append(Episode(f"{group_id}/s{k:02d}", f"q{question:03d}", "math", group_id, completion, score))
         assign_advantages(episodes, "grpo")
-        trainer.rl_step(collate(episodes, pad_id, device))
+        batch = collate(episodes, pad_id, device)
+        scored = time.perf_counter()
+        trainer.rl_step(batch)
         engine.update_weights(None, version=index + 1)
         return {
+            "generate_s": generated - began,
+            "score_collate_s": scored - generated,
+            "train_s": time.perf_counter() - scored,
             "completions": len(episodes),
             "tokens": sum(len(e.completion.token_ids) for e in episodes),
             "reward": sum(e.score.value for e in episodes if e.score) / len(episodes),
@@ -223,7 +234,7 @@ def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float
         trainer = GRPOTrainer(
             model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer
         )
-        torch.set_num_threads(args.threads)  # after the trainer is built, in case anything reset it
+        torch.set_num_threads(args.threads[0])  # after the trainer is built, in case anything reset it
         trainer.add_callback(clock)
         with profiled(args.profile == "trl"):
             trainer.train()
@@ -253,30 +264,28 @@ def run_side(args: argparse.Namespace) -> None:
     """Run one side in this process and print its result as one JSON line."""
     import torch
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads[0])
     seconds, facts = (run_tidal if args.side == "tidal" else run_trl)(args)
-    print(
-        json.dumps(
-            {
-                "side": args.side,
-                "seconds": seconds,
-                "facts": facts,
-                "threads": torch.get_num_threads(),
-            }
-        )
-    )
+    print(json.dumps({"side": args.side, "seconds": seconds, "facts": facts, "threads": torch.get_num_threads()}))
 
 
 # ------------------------------------------------------------------ the comparison
 
 
-def run_subprocess(args: argparse.Namespace, side: str, argv: list[str]) -> dict[str, Any]:
+def run_subprocess(args: argparse.Namespace, side: str, threads: int) -> dict[str, Any]:
+    """One side in a fresh process with `threads` threads; its result, checked."""
     env = dict(os.environ)
     # Identical native thread pools on both sides, set before torch loads.
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        env[name] = str(args.threads)
+        env[name] = str(threads)
     env["TOKENIZERS_PARALLELISM"] = "false"
-    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--side", side]
+    options = {
+        "--prompts": args.prompts, "--samples": args.samples, "--new-tokens": args.new_tokens,
+        "--warmup": args.warmup, "--steps": args.steps, "--seed": args.seed, "--threads": threads, "--side": side,
+    }
+    if args.profile:
+        options["--profile"] = args.profile
+    command = [sys.executable, str(Path(__file__).resolve()), *(str(x) for item in options.items() for x in item)]
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the {side} run failed (exit {done.returncode}); rerun `{shlex.join(command)}` to see why")
@@ -287,48 +296,65 @@ def run_subprocess(args: argparse.Namespace, side: str, argv: list[str]) -> dict
             raise SystemExit(f"{side}: a step had {fact}, expected {expected} completions of {args.new_tokens} tokens")
     if len(result["seconds"]) != args.steps:
         raise SystemExit(f"{side}: timed {len(result['seconds'])} steps, expected {args.steps}")
+    if result["threads"] != threads:
+        raise SystemExit(f"{side}: ran with {result['threads']} torch threads, expected {threads}")
     return result
 
 
-def compare(args: argparse.Namespace, argv: list[str]) -> dict[str, dict[str, float]]:
+def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[str, Any]:
+    """Both sides at `threads` threads, `args.rounds` times; medians over all timed steps.
+
+    Appends the 1-minute load average seen before each run to `loads`.
+    """
     completions = args.prompts * args.samples
     step_seconds: dict[str, list[float]] = {side: [] for side in SIDES}
-    summary: dict[str, dict[str, float]] = {}
+    phase_seconds: dict[str, list[float]] = {}
     for round_index in range(args.rounds):
         for side in SIDES:
-            result = run_subprocess(args, side, argv)
+            loads.append(os.getloadavg()[0])
+            result = run_subprocess(args, side, threads)
             step_seconds[side] += result["seconds"]
             rewards = [f["reward"] for f in result["facts"]]
             print(
-                f"round {round_index + 1} {side:5s} threads={result['threads']} step s: "
+                f"threads={threads} round {round_index + 1} {side:5s} step s: "
                 + " ".join(f"{s:.3f}" for s in result["seconds"])
-                + f"  mean reward {statistics.fmean(rewards):.3f}"
+                + f"  (mean reward {statistics.fmean(rewards):.3f}, load {loads[-1]:.2f} before)"
             )
-            summary.setdefault(side, {})["threads"] = result["threads"]
+            for fact in result["facts"]:
+                for key in (k for k in fact if k.endswith("_s")):
+                    phase_seconds.setdefault(key, []).append(fact[key])
+    row: dict[str, Any] = {"threads": threads}
     for side in SIDES:
         median = statistics.median(step_seconds[side])
-        summary[side].update(
-            median_step_s=median,
-            mean_step_s=statistics.fmean(step_seconds[side]),
-            completions_per_s=completions / median,
-            tokens_per_s=completions * args.new_tokens / median,
-        )
-    summary["ratio"] = {"value": summary["tidal"]["completions_per_s"] / summary["trl"]["completions_per_s"]}
-    return summary
+        row[side] = {
+            "median_step_s": median,
+            "min_step_s": min(step_seconds[side]),
+            "completions_per_s": completions / median,
+            "tokens_per_s": completions * args.new_tokens / median,
+        }
+    row["ratio"] = row["tidal"]["completions_per_s"] / row["trl"]["completions_per_s"]
+    row["tidal_phases"] = {key.removesuffix("_s"): statistics.median(v) for key, v in phase_seconds.items()}
+    return row
 
 
-def table(summary: dict[str, dict[str, float]]) -> list[str]:
+def table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| side | median step (s) | mean step (s) | completions/s | completion tokens/s |",
-        "|---|---:|---:|---:|---:|",
+        "| torch threads | side | median step (s) | fastest step (s) | completions/s | completion tokens/s | tidal / TRL |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for side, label in (("tidal", "tidal"), ("trl", "TRL GRPOTrainer")):
-        s = summary[side]
-        lines.append(
-            f"| {label} | {s['median_step_s']:.3f} | {s['mean_step_s']:.3f} | "
-            f"{s['completions_per_s']:.1f} | {s['tokens_per_s']:.0f} |"
-        )
+    for row in rows:
+        for side, label in (("tidal", "tidal"), ("trl", "TRL GRPOTrainer")):
+            s = row[side]
+            ratio = f"**{row['ratio']:.2f}x**" if side == "tidal" else ""
+            lines.append(
+                f"| {row['threads']} | {label} | {s['median_step_s']:.3f} | {s['min_step_s']:.3f} | "
+                f"{s['completions_per_s']:.1f} | {s['tokens_per_s']:.0f} | {ratio} |"
+            )
     return lines
+
+
+def phases(row: dict[str, Any]) -> str:
+    return ", ".join(f"{key} {value:.3f}" for key, value in row["tidal_phases"].items())
 
 
 def machine() -> str:
@@ -343,7 +369,7 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()}"
 
 
-def section(args: argparse.Namespace, summary: dict[str, dict[str, float]], loads: list[str], parameters: int) -> str:
+def section(args: argparse.Namespace, rows: list[dict[str, Any]], loads: list[float], parameters: int) -> str:
     import torch
     import transformers
     import trl
@@ -353,9 +379,9 @@ def section(args: argparse.Namespace, summary: dict[str, dict[str, float]], load
     lines = [
         SECTION,
         "",
-        f"One RL step of tidal (EmbeddedEngine.generate -> reward -> assign_advantages(grpo) -> collate -> "
-        f"Trainer.rl_step -> update_weights) against TRL `GRPOTrainer` (its own `generate`, no vLLM), on the "
-        f"built-in tiny Qwen2 (hidden 256, 4 layers, 4 query / 2 KV heads, MLP 768, vocab 512, tied embeddings, "
+        "One RL step of tidal (`EmbeddedEngine.generate` -> reward -> `assign_advantages(grpo)` -> `collate` -> "
+        "`Trainer.rl_step` -> `update_weights`) against TRL `GRPOTrainer` (its own `generate`, no vLLM), on the "
+        "built-in tiny Qwen2 (hidden 256, 4 layers, 4 query / 2 KV heads, MLP 768, byte-level vocab of 259, tied embeddings, "
         f"{parameters / 1e6:.2f}M parameters), same seed and weights on both sides. Per step: {args.prompts} "
         f"arithmetic prompts x {args.samples} samples = {args.prompts * args.samples} completions of exactly "
         f"{args.new_tokens} tokens (forced: tidal `SamplingParams(ignore_eos=True)`, TRL "
@@ -363,18 +389,18 @@ def section(args: argparse.Namespace, summary: dict[str, dict[str, float]], load
         "contains the right number (one Python function for both), GRPO advantages, one AdamW step "
         "(lr 1e-5, betas 0.9/0.99, clip 0.2/0.28, grad clip 1), fp32 on CPU, no KL. "
         f"{args.warmup} warm-up step(s), then {args.steps} timed steps per side per round, {args.rounds} round(s) "
-        f"(tidal then TRL, one subprocess each); the median of the {timed} timed steps counts.",
+        f"(tidal then TRL, one subprocess each, same torch thread count); a step is timed from the end of one "
+        f"optimizer step to the end of the next; the median of the {timed} timed steps counts.",
         "",
         f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {machine()}; torch threads {summary['tidal']['threads']:.0f} (tidal) / "
-        f"{summary['trl']['threads']:.0f} (TRL)",
-        f"- load average (1/5/15 min): {loads[0]} before, {loads[1]} after",
+        f"- machine: {machine()}",
+        f"- 1-minute load average before each run: {', '.join(f'{x:.2f}' for x in loads[:-1])}; after: {loads[-1]:.2f}",
         f"- versions: torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}",
         f"- command: `{command}`",
         "",
-        *table(summary),
+        *table(rows),
         "",
-        f"**tidal / TRL: {summary['ratio']['value']:.2f}x** (completions/s).",
+        *(f"- tidal's step by phase at {row['threads']} thread(s), median s: {phases(row)}" for row in rows),
         "",
     ]
     return "\n".join(lines)
@@ -393,32 +419,28 @@ def write_section(path: Path, text: str) -> None:
     path.write_text(updated)
 
 
-def loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.side:
         run_side(args)
         return
     if args.profile:
-        # One side, profiled, its stats on stderr; no comparison and nothing written.
-        result = run_subprocess(args, args.profile, argv)
-        print(f"{args.profile} step s: " + " ".join(f"{s:.3f}" for s in result["seconds"]))
+        # One side, profiled (stats on stderr); no comparison and nothing written.
+        for threads in args.threads:
+            result = run_subprocess(args, args.profile, threads)
+            print(f"threads={threads} {args.profile} step s: " + " ".join(f"{s:.3f}" for s in result["seconds"]))
         return
-    before = loadavg()
-    print(f"load average before: {before}")
-    summary = compare(args, argv)
-    after = loadavg()
-    print(f"load average after: {after}")
-    print("\n".join(table(summary)))
-    print(f"tidal / TRL = {summary['ratio']['value']:.2f}x (completions/s, median step)")
+    loads: list[float] = []
+    rows = [compare(args, threads, loads) for threads in args.threads]
+    loads.append(os.getloadavg()[0])
+    print("\n".join(table(rows)))
+    for row in rows:
+        print(f"tidal's step by phase at {row['threads']} thread(s), median s: {phases(row)}")
+    print(f"1-minute load average before each run: {', '.join(f'{x:.2f}' for x in loads[:-1])}; after: {loads[-1]:.2f}")
     if not args.no_write:
         model, _ = build_model_and_tokenizer(args.seed)
         parameters = sum(p.numel() for p in model.parameters())
-        write_section(args.results, section(args, summary, [before, after], parameters))
+        write_section(args.results, section(args, rows, loads, parameters))
         print(f"wrote the {SECTION!r} section of {args.results}")
 
 
