@@ -38,6 +38,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_md import write_section  # noqa: E402
+
 SECTION = "## RL step"
 SIDES = ("tidal", "trl")
 
@@ -406,19 +409,6 @@ def section(args: argparse.Namespace, rows: list[dict[str, Any]], loads: list[fl
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace the "## RL step" section of `path` (up to the next "## " heading), keeping the rest."""
-    existing = path.read_text() if path.exists() else "# Benchmark results\n"
-    lines = existing.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
-    if start is None:
-        updated = existing.rstrip("\n") + "\n\n" + text
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        updated = "\n".join(lines[:start] + text.rstrip("\n").splitlines() + [""] + lines[end:]).rstrip("\n") + "\n"
-    path.write_text(updated)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.side:
@@ -440,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_write:
         model, _ = build_model_and_tokenizer(args.seed)
         parameters = sum(p.numel() for p in model.parameters())
-        write_section(args.results, section(args, rows, loads, parameters))
+        write_section(args.results, SECTION, section(args, rows, loads, parameters))
         print(f"wrote the {SECTION!r} section of {args.results}")
 
 

@@ -23,6 +23,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_md import write_section  # noqa: E402
+
 SECTION = "## Rollout"
 
 
@@ -174,25 +177,12 @@ def section(args: argparse.Namespace, rows: list[dict[str, float]], load: str) -
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace the "## Rollout" section of `path` (up to the next "## " heading), keeping the rest."""
-    existing = path.read_text() if path.exists() else "# Benchmark results\n"
-    lines = existing.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
-    if start is None:
-        updated = existing.rstrip("\n") + "\n\n" + text
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        updated = "\n".join(lines[:start] + text.rstrip("\n").splitlines() + [""] + lines[end:]).rstrip("\n") + "\n"
-    path.write_text(updated)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     rows = compare(args)
     if not args.no_write:
-        write_section(args.results, section(args, rows, load))
+        write_section(args.results, SECTION, section(args, rows, load))
         print(f"wrote the {SECTION!r} section of {args.results}")
 
 

@@ -33,6 +33,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tidal.types import Score, Task
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_md import write_section  # noqa: E402
+
 SECTION = "## Sandbox scoring"
 
 
@@ -185,19 +188,6 @@ def section(args: argparse.Namespace, row: dict[str, float], loads: tuple[str, s
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace the "## Sandbox scoring" section of `path` (up to the next "## " heading), keeping the rest."""
-    existing = path.read_text() if path.exists() else "# Benchmark results\n"
-    lines = existing.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
-    if start is None:
-        updated = existing.rstrip("\n") + "\n\n" + text
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        updated = "\n".join(lines[:start] + text.rstrip("\n").splitlines() + [""] + lines[end:]).rstrip("\n") + "\n"
-    path.write_text(updated)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     start_load = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -205,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     end_load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"load average at start {start_load}, at the end {end_load}")
     if not args.no_write:
-        write_section(args.results, section(args, row, (start_load, end_load)))
+        write_section(args.results, SECTION, section(args, row, (start_load, end_load)))
         print(f"wrote the {SECTION!r} section of {args.results}")
 
 

@@ -1,0 +1,18 @@
+"""Shared by the benchmarks: replace one "## " section of bench/RESULTS.md, keeping the others."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_section(path: Path, heading: str, text: str) -> None:
+    """Replace the section titled `heading` (up to the next "## " heading) with `text`, or append it."""
+    existing = path.read_text() if path.exists() else "# Benchmark results\n"
+    lines = existing.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == heading), None)
+    if start is None:
+        updated = existing.rstrip("\n") + "\n\n" + text
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        updated = "\n".join(lines[:start] + text.rstrip("\n").splitlines() + [""] + lines[end:]).rstrip("\n") + "\n"
+    path.write_text(updated)
