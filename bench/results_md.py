@@ -1,7 +1,9 @@
-"""Shared by the benchmarks: replace one "## " section of bench/RESULTS.md, keeping the others."""
+"""Shared by the benchmarks: the machine line, and replacing one "## " section of bench/RESULTS.md."""
 
 from __future__ import annotations
 
+import os
+import platform
 from pathlib import Path
 
 
@@ -16,3 +18,15 @@ def write_section(path: Path, heading: str, text: str) -> None:
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
         updated = "\n".join(lines[:start] + text.rstrip("\n").splitlines() + [""] + lines[end:]).rstrip("\n") + "\n"
     path.write_text(updated)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()}"

@@ -24,7 +24,6 @@ import cProfile
 import datetime as dt
 import json
 import os
-import platform
 import pstats
 import random
 import re
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import write_section  # noqa: E402
+from results_md import machine, write_section  # noqa: E402
 
 SECTION = "## RL step"
 SIDES = ("tidal", "trl")
@@ -358,18 +357,6 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 def phases(row: dict[str, Any]) -> str:
     return ", ".join(f"{key} {value:.3f}" for key, value in row["tidal_phases"].items())
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()}"
 
 
 def section(

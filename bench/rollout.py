@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -24,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import write_section  # noqa: E402
+from results_md import machine, write_section  # noqa: E402
 
 SECTION = "## Rollout"
 
@@ -123,18 +122,6 @@ def compare(args: argparse.Namespace) -> list[dict[str, float]]:
         print(f"threads={threads} embedded / hf_generate = {row['ratio']:.2f}x (DynamicCache: {row['ratio_dynamic']:.2f}x)")
         rows.append(row)
     return rows
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()}"
 
 
 def section(args: argparse.Namespace, rows: list[dict[str, float]], load: str) -> str:

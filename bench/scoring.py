@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from tidal.types import Score, Task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import write_section  # noqa: E402
+from results_md import machine, write_section  # noqa: E402
 
 SECTION = "## Sandbox scoring"
 
@@ -135,18 +135,6 @@ def compare(args: argparse.Namespace) -> dict[str, float]:
     if agree != len(items):
         raise SystemExit("the batched scores differ from the per-answer scores")
     return row
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()}"
 
 
 def section(args: argparse.Namespace, row: dict[str, float], loads: tuple[str, str]) -> str:
