@@ -45,7 +45,9 @@ SIDES = ("tidal", "trl")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--prompts", type=int, default=2, help="distinct prompts per step (default 2)")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt, the GRPO group size (default 8)")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens per completion, forced (default 32)")
@@ -54,9 +56,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--threads", type=int, nargs="+", default=[2], help="torch CPU thread counts, one comparison each (default 2)"
     )
-    parser.add_argument("--rounds", type=int, default=1, help="run tidal then TRL this many times; medians count (default 1)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run tidal then TRL this many times; medians count (default 1)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the model init, prompts and sampling")
-    parser.add_argument("--profile", choices=SIDES, help="cProfile one side (tidal: its timed steps; TRL: all of train()) and print the top functions; nothing is written")
+    parser.add_argument(
+        "--profile",
+        choices=SIDES,
+        help="cProfile one side (tidal: its timed steps; TRL: all of train()), print the top functions, write nothing",
+    )
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"), help="file to update")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # internal: run one side, print JSON
@@ -138,7 +146,9 @@ def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, flo
             for k, completion in enumerate(group):
                 reward = arithmetic_reward(completion.text, questions[question][1])
                 score = Score(reward, Outcome.PASSED if reward else Outcome.FAILED)
-                episodes.append(Episode(f"{group_id}/s{k:02d}", f"q{question:03d}", "math", group_id, completion, score))
+                episodes.append(
+                    Episode(f"{group_id}/s{k:02d}", f"q{question:03d}", "math", group_id, completion, score)
+                )
         assign_advantages(episodes, "grpo")
         batch = collate(episodes, pad_id, device)
         scored = time.perf_counter()
@@ -341,7 +351,8 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| torch threads | side | median step (s) | fastest step (s) | completions/s | completion tokens/s | tidal / TRL |",
+        "| torch threads | side | median step (s) | fastest step (s) | completions/s | completion tokens/s "
+        "| tidal / TRL |",
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
@@ -399,9 +410,10 @@ def section(
         "forward and backward over the whole batch. The training half runs the same fp32 matmuls on both sides and "
         "is compute-bound at this size, so it bounds the ratio: tidal's lead comes from the sampler (a KV cache "
         "written in place and no logits-processor machinery per decode step, each prompt prefilled once) and from a "
-        "backward that does not recompute the LM head tile by tile, as TRL's chunked log-prob function does. With 2 threads on 2 shared cores, any other "
-        "busy process makes each parallel region wait for a descheduled thread (steps of 20 s instead of 0.5 s were "
-        "seen): trust only runs whose load average stayed near the benchmark's own.",
+        "backward that does not recompute the LM head tile by tile, as TRL's chunked log-prob function does. "
+        "With 2 threads on 2 shared cores, any other busy process makes each parallel region wait for a descheduled "
+        "thread (steps of 20 s instead of 0.5 s were seen): trust only runs whose load average stayed near the "
+        "benchmark's own.",
         "",
     ]
     return "\n".join(lines)
