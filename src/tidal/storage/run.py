@@ -65,9 +65,9 @@ def dumps(obj: Any, *, indent: int | None = None) -> str:
     return json.dumps(obj, ensure_ascii=False, default=_json_default, indent=indent, separators=separators)
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a rename in `path` durable. Not every platform can open a folder; then skip."""
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+def fsync_path(path: Path) -> None:
+    """Flush a file, or make renames in a folder durable. Not every platform opens folders; then skip."""
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0)
     try:
         fd = os.open(path, flags)
     except OSError:
@@ -96,7 +96,7 @@ def atomic_writer(path: Path) -> Iterator[IO[str]]:
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def write_jsonl_atomic(path: Path, records: list[dict[str, Any]]) -> None:

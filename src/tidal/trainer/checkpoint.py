@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from tidal.errors import CheckpointError
+from tidal.storage.run import fsync_path
 
 MARKER = "complete.json"
 LATEST = "latest"
@@ -38,20 +39,6 @@ _OLD_PREFIX = ".old-"
 # ---------------------------------------------------------------- small file helpers
 
 
-def _fsync_path(path: Path) -> None:
-    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() and hasattr(os, "O_DIRECTORY") else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:  # some filesystems do not open folders; the data files are synced anyway
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write_text_atomic(path: Path, text: str) -> None:
     temp = path.with_name(f"{_TEMP_PREFIX}{path.name}-{uuid.uuid4().hex}")
     with open(temp, "w", encoding="utf-8") as handle:
@@ -59,7 +46,7 @@ def _write_text_atomic(path: Path, text: str) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temp, path)
-    _fsync_path(path.parent)
+    fsync_path(path.parent)
 
 
 def _files_with_sizes(folder: Path) -> dict[str, int]:
@@ -151,18 +138,18 @@ def save_training_state(
         (temp / "state.json").write_text(state_text, encoding="utf-8")
         files = _files_with_sizes(temp)
         for name in files:
-            _fsync_path(temp / name)
+            fsync_path(temp / name)
         marker = {"step": int(step), "files": files}
         (temp / MARKER).write_text(json.dumps(marker, indent=2), encoding="utf-8")
-        _fsync_path(temp / MARKER)
-        _fsync_path(temp)
+        fsync_path(temp / MARKER)
+        fsync_path(temp)
 
         previous = None
         if folder.exists():
             previous = root / f"{_OLD_PREFIX}{folder.name}-{uuid.uuid4().hex[:8]}"
             os.replace(folder, previous)
         os.replace(temp, folder)
-        _fsync_path(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
