@@ -65,6 +65,8 @@ class SandboxResult:
     report_truncated: bool = False
     after_value: Any = None  # what the `after` callback returned
     detail: str = ""  # why the status is what it is, for humans
+    cpu_s: float | None = None  # CPU seconds (user + system) of the whole process tree, when measured
+    max_rss_mb: float | None = None  # peak resident memory (largest process, or the cgroup's peak)
 
     @property
     def stdout_text(self) -> str:
