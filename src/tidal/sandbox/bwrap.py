@@ -47,14 +47,17 @@ from tidal.sandbox.base import (
     AfterRun,
     BatchJob,
     SandboxResult,
+    SandboxStatus,
     chown_tree,
     classify,
     register_backend,
     remove_tree,
     write_tree,
 )
+from tidal.sandbox.cgroup import Cgroup, Cgroups
 from tidal.sandbox.batch import CONTROL_ENV, READY_S, ZYGOTE_FILE, ZYGOTE_SOURCE, BatchDriver, BatchLayout, batch_flags
 from tidal.sandbox.process import supervise
+from tidal.sandbox.seccomp import build_filter, filter_fd
 from tidal.types import Limits
 
 log = logging.getLogger(__name__)
@@ -204,6 +207,8 @@ class BwrapBackend:
         report_cap: int = REPORT_CAP_BYTES,
         file_size_mb: int = FILE_SIZE_MB,
         open_files: int = OPEN_FILES,
+        seccomp: bool = True,
+        cgroups: bool = True,
     ) -> None:
         self.bwrap = shutil.which("bwrap")
         if self.bwrap is None:
@@ -221,10 +226,28 @@ class BwrapBackend:
         self.output_cap, self.report_cap = output_cap, report_cap
         self.file_size_mb, self.open_files = file_size_mb, open_files
         self.as_root = os.geteuid() == 0
+        # The seccomp filter (seccomp.py) and per-run cgroups (cgroup.py); either may be missing
+        # on a host, which `self.hardening` says and every result's detail repeats.
+        self.seccomp = build_filter() if seccomp else None
+        self.cgroups = Cgroups() if cgroups and self.as_root else None
+        if self.cgroups is not None and not self.cgroups.usable:
+            self.cgroups = None
+        gaps = []
+        if self.seccomp is None:
+            gaps.append("no seccomp filter" + ("" if not seccomp else f" (no syscall table for {os.uname().machine})"))
+        if self.cgroups is None:
+            gaps.append("no cgroup limits" + ("" if not cgroups else " (needs root and a writable cgroup hierarchy)"))
+        elif self.cgroups.missing:
+            gaps.append(f"cgroup controllers missing: {', '.join(self.cgroups.missing)}")
+        self.hardening = "; ".join(gaps)
+        if gaps and seccomp and cgroups:
+            log.warning("bwrap sandbox without full hardening: %s", self.hardening)
 
     # ------------------------------------------------------------------ command line
 
-    def _bwrap_args(self, run_dir: Path, info_fd: int | None, block_fd: int | None) -> list[str]:
+    def _bwrap_args(
+        self, run_dir: Path, info_fd: int | None, block_fd: int | None, seccomp_fd: int | None = None
+    ) -> list[str]:
         args = [
             str(self.bwrap),
             "--unshare-all",
@@ -237,6 +260,8 @@ class BwrapBackend:
         if info_fd is not None and block_fd is not None:
             args += ["--info-fd", str(info_fd), "--userns-block-fd", str(block_fd)]
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
         args += _system_args()
         args += _parent_dirs([inside for _, inside in self.mounts.binds] + [HARNESS_ROOT])
         for host, inside in self.mounts.binds:
@@ -332,11 +357,12 @@ class BwrapBackend:
         if report_input is not None:
             parent_socket, child_socket = socket.socketpair()
         inner = self._inner_prefix(self.rlimits(limits), marker) + argv
+        group = self.cgroups.create(limits.memory_mb, limits.pids, limits.cpus) if self.cgroups else None
         started = time.monotonic()
         try:
             with self._started(
                 run_dir, inner, self._env(env, child_socket.fileno() if child_socket else None),
-                [child_socket.fileno()] if child_socket else [],
+                [child_socket.fileno()] if child_socket else [], group,
             ) as (process, kill):
                 if child_socket is not None:
                     child_socket.close()
@@ -351,10 +377,17 @@ class BwrapBackend:
                     report_socket=parent_socket,
                     report_input=report_input,
                 )
+            cpu_s, max_rss_mb, oom = run.cpu_s, run.max_rss_mb, False
+            if group is not None:
+                cpu_s = group.cpu_s() if group.cpu_s() is not None else cpu_s
+                max_rss_mb = group.peak_mb() if group.peak_mb() is not None else max_rss_mb
+                oom = group.oom_killed()
         finally:
             for end in (child_socket, parent_socket):
                 if end is not None:
                     end.close()
+            if group is not None:
+                group.remove()
 
         stdout = bytes(run.stdout.data)
         if not stdout.startswith(marker.encode()):
@@ -372,6 +405,12 @@ class BwrapBackend:
         stderr = bytes(run.stderr.data)
         exit_code, sig = (None, signal.SIGKILL) if run.timed_out else _exit_and_signal(run.returncode)
         status, detail = classify(run.timed_out, exit_code, sig, stderr)
+        if oom and not run.timed_out and status in (SandboxStatus.CRASHED, SandboxStatus.OK) and (sig or exit_code):
+            status, detail = SandboxStatus.MEMORY_LIMIT, "killed by the kernel at the cgroup memory limit"
+        elif oom:
+            detail = f"{detail}; the kernel killed a process at the cgroup memory limit".lstrip("; ")
+        if self.hardening:
+            detail = f"{detail}; {self.hardening}" if detail else self.hardening
         return SandboxResult(
             status=status,
             exit_code=exit_code,
@@ -384,24 +423,31 @@ class BwrapBackend:
             report=bytes(run.report.data),
             report_truncated=run.report.truncated,
             detail=detail,
+            cpu_s=cpu_s,
+            max_rss_mb=max_rss_mb,
         )
 
     @contextlib.contextmanager
     def _started(
-        self, run_dir: Path, inner: list[str], env: dict[str, str], fds: list[int]
+        self, run_dir: Path, inner: list[str], env: dict[str, str], fds: list[int], group: Cgroup | None = None
     ) -> Iterator[tuple[subprocess.Popen[bytes], Callable[[], None]]]:
-        """bwrap running `inner` (prefix and command) with `fds` passed in; yields the process and a
-        function that kills the whole sandbox, and kills and reaps it on the way out."""
+        """bwrap running `inner` (prefix and command) with `fds` passed in, under the seccomp filter
+        and, when given, in cgroup `group` (entered before bwrap may go on, so every sandboxed
+        process is in it); yields the process and a function that kills the whole sandbox, and
+        kills and reaps it on the way out."""
         ours = list(fds)  # descriptors the child gets
         info_read = block_write = None
-        info_fd = block_fd = None
+        info_fd = block_fd = seccomp_fd = None
         if self.as_root:
             info_read, info_fd = os.pipe()
             block_fd, block_write = os.pipe()
             ours += [info_fd, block_fd]
+        if self.seccomp is not None:
+            seccomp_fd = filter_fd(self.seccomp)
+            ours.append(seccomp_fd)
         try:
             process = subprocess.Popen(
-                self._bwrap_args(run_dir, info_fd, block_fd) + inner,
+                self._bwrap_args(run_dir, info_fd, block_fd, seccomp_fd) + inner,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -415,7 +461,7 @@ class BwrapBackend:
                     os.close(fd)
             raise SandboxUnavailableError(f"could not start bwrap: {error}; {INSTALL_HINT}") from error
         finally:
-            for fd in (info_fd, block_fd):
+            for fd in (info_fd, block_fd, seccomp_fd):
                 if fd is not None:
                     os.close(fd)
 
@@ -429,7 +475,7 @@ class BwrapBackend:
 
         try:
             if info_read is not None and block_write is not None:
-                self._map_user(process, info_read, block_write, kill)
+                self._map_user(process, info_read, block_write, kill, group)
             yield process, kill
         finally:
             kill()
@@ -498,10 +544,15 @@ class BwrapBackend:
             remove_tree(run_dir)
 
     def _map_user(
-        self, process: subprocess.Popen[bytes], info_read: int, block_write: int, kill: Callable[[], None]
+        self,
+        process: subprocess.Popen[bytes],
+        info_read: int,
+        block_write: int,
+        kill: Callable[[], None],
+        group: Cgroup | None = None,
     ) -> None:
-        """Root hosts: map uid/gid 0 and 65534 to themselves in bwrap's new user namespace, then let
-        bwrap continue (it waits on the block fd)."""
+        """Root hosts: map uid/gid 0 and 65534 to themselves in bwrap's new user namespace, move
+        the sandbox's first process into `group`, then let bwrap continue (it waits on the block fd)."""
         deadline = time.monotonic() + HANDSHAKE_S
         buffer = b""
         pid = None
@@ -523,6 +574,11 @@ class BwrapBackend:
                 Path(f"/proc/{pid}/gid_map").write_text(mapping)
             except OSError as error:
                 problem = f"could not map the sandbox user: {error}"
+        if pid is not None and not problem and group is not None:
+            try:
+                group.add(pid)
+            except OSError as error:
+                problem = f"could not move the sandbox into its cgroup: {error}"
         if problem:
             kill()
             _, err = process.communicate()

@@ -48,6 +48,21 @@ class ProcessRun:
     stderr: Capped
     report: Capped
     wall_s: float
+    cpu_s: float | None = None  # user + system time of the process and the descendants it reaped
+    max_rss_mb: float | None = None  # the largest of those processes' peak resident memory
+
+
+def reap(process: subprocess.Popen[bytes]) -> tuple[float | None, float | None]:
+    """Wait for `process` like `Popen.wait`, and return its (cpu_s, max_rss_mb) from wait4."""
+    if process.returncode is not None:
+        return None, None
+    try:
+        _, status, usage = os.wait4(process.pid, 0)
+    except ChildProcessError:  # reaped elsewhere
+        process.wait()
+        return None, None
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def _exited(pid: int) -> bool:
@@ -132,7 +147,7 @@ def supervise(
                     break
                 time.sleep(POLL_S / 5)
         kill()  # before reaping, so the process group id cannot have been reused
-        process.wait()
+        cpu_s, max_rss_mb = reap(process)
     return ProcessRun(
         returncode=process.returncode,
         timed_out=timed_out,
@@ -140,4 +155,6 @@ def supervise(
         stderr=stderr,
         report=report,
         wall_s=time.monotonic() - started,
+        cpu_s=cpu_s,
+        max_rss_mb=max_rss_mb,
     )
