@@ -20,6 +20,10 @@ app = typer.Typer(
 )
 tasks_app = typer.Typer(help="Generate and validate task files.", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
+sandbox_app = typer.Typer(help="Run commands in the sandbox.", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
+image_app = typer.Typer(help="Build and list sandbox environment images.", no_args_is_help=True)
+app.add_typer(image_app, name="image")
 
 
 def _fail(error: Exception) -> NoReturn:
@@ -124,6 +128,62 @@ def score(
     typer.echo(f"{result['task_id']}: reward {result['reward']:.3f}, {result['outcome']}, {verdict}")
     if result.get("detail"):
         typer.echo(f"  {result['detail']}")
+
+
+@sandbox_app.command("run", context_settings={"allow_interspersed_args": False})
+def sandbox_run(
+    command: list[str] = typer.Argument(..., help="the command (after --); python3 means the image's"),
+    file: Optional[list[str]] = typer.Option(None, "--file", help="SRC[:DEST] copied into the workspace"),
+    image: str = typer.Option("python3", help="environment image (tidal image list)"),
+    timeout_s: float = typer.Option(10.0, "--timeout-s", min=0.01, help="wall-clock limit"),
+    memory_mb: int = typer.Option(512, "--memory-mb", min=16, help="memory limit"),
+    pids: int = typer.Option(64, min=1, help="process limit"),
+    backend: str = typer.Option("bwrap", help="sandbox backend: bwrap or unsafe_local"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Run a command in a fresh sandbox and print what happened; exits with the command's status
+    (124 at the time limit, 128+N for signal N)."""
+    try:
+        from tidal.sandbox.cli_support import exit_status, parse_file_args, result_record, run_command
+
+        result = run_command(command, parse_file_args(file or []), image, timeout_s, memory_mb, pids, backend)
+    except (TidalError, ValueError, OSError) as error:
+        _fail(error)
+    record = result_record(result)
+    if as_json:
+        typer.echo(json.dumps(record, indent=2))
+    else:
+        sys.stdout.write(record["stdout"])
+        sys.stderr.write(record["stderr"])
+        summary = ", ".join(f"{k} {record[k]}" for k in ("outcome", "exit_code", "wall_s", "cpu_s", "max_rss_mb"))
+        typer.secho(f"[sandbox] {summary}" + (f" ({record['detail']})" if record["detail"] else ""), err=True, dim=True)
+    raise typer.Exit(exit_status(result))
+
+
+@image_app.command("build")
+def image_build(
+    spec: str = typer.Argument("python3", help="an image spec YAML file, or python3 (the default image)"),
+    root: Optional[Path] = typer.Option(None, help="image folder (default $TIDAL_IMAGES or ~/.cache/tidal/images)"),
+    force: bool = typer.Option(False, help="rebuild even when the same image exists"),
+) -> None:
+    """Build a content-hashed environment image (a Python version plus pinned packages)."""
+    try:
+        from tidal.sandbox.image import DEFAULT_IMAGE, build_image, default_spec, load_spec
+
+        image = build_image(default_spec() if spec == DEFAULT_IMAGE else load_spec(spec), root, force=force)
+    except TidalError as error:
+        _fail(error)
+    packages = ", ".join(f"{k}=={v}" for k, v in image.manifest.get("packages", {}).items())
+    typer.echo(f"{image.spec.name} {image.manifest['hash'][:12]} at {image.path} ({packages})")
+
+
+@image_app.command("list")
+def image_list(root: Optional[Path] = typer.Option(None, help="image folder")) -> None:
+    """The images built in the image folder."""
+    from tidal.sandbox.image import list_images
+
+    for entry in list_images(root):
+        typer.echo(f"{entry['name']:<20} {entry['hash']}  python {entry['python']}  {len(entry['packages'])} packages  {entry['path']}")
 
 
 def main() -> None:  # pragma: no cover - entry point

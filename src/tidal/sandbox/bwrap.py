@@ -21,14 +21,12 @@ import json
 import logging
 import math
 import os
-import re
 import secrets
 import select
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,8 +52,19 @@ from tidal.sandbox.base import (
     remove_tree,
     write_tree,
 )
+from tidal.sandbox.batch import (
+    CONTROL_ENV,
+    READY_S,
+    ZYGOTE_FILE,
+    ZYGOTE_SOURCE,
+    BatchDriver,
+    BatchLayout,
+    Zygote,
+    ZygoteLost,
+    batch_flags,
+)
 from tidal.sandbox.cgroup import Cgroup, Cgroups
-from tidal.sandbox.batch import CONTROL_ENV, READY_S, ZYGOTE_FILE, ZYGOTE_SOURCE, BatchDriver, BatchLayout, batch_flags
+from tidal.sandbox.image import DEFAULT_IMAGE, find_image
 from tidal.sandbox.process import supervise
 from tidal.sandbox.seccomp import build_filter, filter_fd
 from tidal.types import Limits
@@ -80,80 +89,23 @@ class PythonMounts:
     python: str  # the interpreter, inside
     site: str | None  # folder inside holding the bound packages (put on PYTHONPATH)
     ld_library_path: str | None  # for interpreters linked to libpython by an absolute RUNPATH
+    env: tuple[tuple[str, str], ...] = ()  # the image's own environment variables
 
 
 def _inside_system_dirs(path: str) -> bool:
     return any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS)
 
 
-def _requirement_names(requires: list[str] | None) -> list[str]:
-    """Names of the requirements that apply here (extras and foreign platforms left out)."""
-    try:
-        from packaging.requirements import Requirement
-    except ImportError:  # pragma: no cover - packaging ships with pytest
-        Requirement = None  # type: ignore[assignment,misc]
-    names = []
-    for text in requires or []:
-        if Requirement is not None:
-            requirement = Requirement(text)
-            if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
-                continue
-            names.append(requirement.name)
-        elif "extra ==" not in text:
-            match = re.match(r"[A-Za-z0-9._-]+", text)
-            if match:
-                names.append(match.group(0))
-    return names
-
-
-@functools.lru_cache(maxsize=8)
-def python_mounts(packages: tuple[str, ...] = ("pytest",)) -> PythonMounts:
-    """Read-only binds that make this process's Python, plus `packages` and their dependencies,
-    work inside the sandbox, and nothing else of a virtual environment or project checkout."""
-    import importlib.metadata as metadata
-
-    base = os.path.realpath(sys.base_prefix)
-    executable = os.path.realpath(sys.executable)
-    binds: list[tuple[str, str]] = []
-    ld_library_path = None
-    if _inside_system_dirs(base):
-        python = executable
-    else:
-        if not executable.startswith(base + "/"):
-            raise SandboxUnavailableError(
-                f"the Python interpreter {executable} is not inside its installation {base}; "
-                "run tidal with an interpreter from a regular Python installation"
-            )
-        binds.append((base, PYTHON_ROOT))
-        python = PYTHON_ROOT + executable[len(base):]
-        if any(Path(base, "lib").glob("libpython*.so*")):
-            ld_library_path = PYTHON_ROOT + "/lib"
-
-    seen: set[str] = set()
-    entries: dict[str, str] = {}  # top-level site-packages entry name -> host path
-    pending = list(packages)
-    while pending:
-        name = pending.pop()
-        key = name.lower().replace("_", "-")
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            log.warning("package %s needed inside the sandbox is not installed", name)
-            continue
-        pending.extend(_requirement_names(dist.requires))
-        site = os.path.realpath(str(dist.locate_file("")))
-        for file in dist.files or []:
-            top = file.parts[0] if file.parts else ""
-            if top in ("", "..", "__pycache__") or top.endswith(".pth"):
-                continue
-            host = os.path.join(site, top)
-            if os.path.exists(host) and not _inside_system_dirs(host) and not host.startswith(base + "/"):
-                entries[top] = host
-    binds.extend((host, f"{SITE_ROOT}/{top}") for top, host in sorted(entries.items()))
-    return PythonMounts(tuple(binds), python, SITE_ROOT if entries else None, ld_library_path)
+@functools.lru_cache(maxsize=16)
+def image_mounts(name: str = DEFAULT_IMAGE, root: str | None = None) -> PythonMounts:
+    """Read-only binds that make environment image `name` (image.py) the sandbox's Python: its
+    interpreter tree at /opt/tidal/python and its packages at /opt/tidal/site. Nothing of the
+    host's Python installation, virtual environment or project checkout is mounted."""
+    image = find_image(name, root)
+    python = f"{PYTHON_ROOT}/{image.executable}"
+    binds = ((str(image.python_root), PYTHON_ROOT), (str(image.site), SITE_ROOT))
+    env = tuple(sorted(image.manifest.get("spec", {}).get("env", {}).items()))
+    return PythonMounts(binds, python, SITE_ROOT, f"{PYTHON_ROOT}/lib" if image.needs_libpython else None, env)
 
 
 def _system_args() -> list[str]:
@@ -201,7 +153,9 @@ class BwrapBackend:
 
     def __init__(
         self,
-        packages: tuple[str, ...] = ("pytest",),
+        image: str = DEFAULT_IMAGE,
+        image_root: str | None = None,
+        hash_seed: int = 0,
         workdir: str | None = None,
         output_cap: int = OUTPUT_CAP_BYTES,
         report_cap: int = REPORT_CAP_BYTES,
@@ -220,7 +174,9 @@ class BwrapBackend:
                 f"{', '.join(missing)} not found in /usr/bin or /bin; install util-linux (apt-get install util-linux)"
             )
         self.tools: dict[str, str] = {k: str(v) for k, v in tools.items()}
-        self.mounts = python_mounts(tuple(packages))
+        self.image = image
+        self.mounts = image_mounts(image, image_root)
+        self.hash_seed = hash_seed
         self.python = self.mounts.python
         self.workdir = workdir
         self.output_cap, self.report_cap = output_cap, report_cap
@@ -298,6 +254,8 @@ class BwrapBackend:
     def _env(self, env: dict[str, str] | None, report_fd: int | None, home: str = WORKSPACE) -> dict[str, str]:
         python_bin = os.path.dirname(self.python)
         inner = dict(BASE_ENV)
+        inner["PYTHONHASHSEED"] = str(self.hash_seed)
+        inner.update(self.mounts.env)
         inner["PATH"] = f"{python_bin}:/usr/local/bin:/usr/bin:/bin"
         inner["HOME"] = home
         inner["PYTHONPATH"] = ":".join(p for p in (HARNESS_ROOT, self.mounts.site) if p)
@@ -380,7 +338,9 @@ class BwrapBackend:
             cpu_s, max_rss_mb, oom = run.cpu_s, run.max_rss_mb, False
             if group is not None:
                 cpu_s = group.cpu_s() if group.cpu_s() is not None else cpu_s
-                max_rss_mb = group.peak_mb() if group.peak_mb() is not None else max_rss_mb
+                # The cgroup's peak misses pages first charged elsewhere (shared libraries in the
+                # page cache); the largest process's own peak misses the others: take the larger.
+                max_rss_mb = max((m for m in (group.peak_mb(), max_rss_mb) if m is not None), default=None)
                 oom = group.oom_killed()
         finally:
             for end in (child_socket, parent_socket):
@@ -500,48 +460,75 @@ class BwrapBackend:
         harness_files: dict[str, str | bytes] | None = None,
         preload: Sequence[str] = (),
     ) -> list[SandboxResult | None]:
-        """See `BatchBackend`. One sandbox whose command is the zygote (zygote.py); the workspace
-        root is the host's (read-only to the jobs on a root host), each job's workspace a fresh
-        folder in it, written and checked from here (batch.py)."""
+        """See `BatchBackend`. One sandbox whose command is the zygote (zygote.py), opened for these
+        jobs and closed after them (a `SandboxPool` keeps zygotes across batches instead)."""
         if not jobs:
             return []
-        flags, commands = batch_flags(jobs, self.python)
+        flags, _ = batch_flags(jobs, self.python)
+        widest = Limits(
+            timeout_s=min(3600, sum(job.limits.timeout_s for job in jobs) + READY_S),
+            memory_mb=max(job.limits.memory_mb for job in jobs),
+            pids=max(job.limits.pids for job in jobs),
+        )
+        try:
+            zygote = self.open_zygote(flags, widest, harness_files=harness_files, preload=preload)
+        except SandboxUnavailableError as error:
+            log.warning("sandbox batch: %s; every job runs in a sandbox of its own", error)
+            return [None] * len(jobs)
+        try:
+            return zygote.run_all(jobs)
+        finally:
+            zygote.close()
+
+    def open_zygote(
+        self,
+        flags: Sequence[str],
+        limits: Limits,
+        *,
+        harness_files: dict[str, str | bytes] | None = None,
+        preload: Sequence[str] = (),
+    ) -> Zygote:
+        """A started zygote sandbox for jobs run with the interpreter `flags` and at most `limits`
+        (the zygote's own hard limits, which bound its children's); the workspace root is the
+        host's (read-only to the jobs on a root host), each job's workspace a fresh folder in it,
+        written and checked from here (batch.py). The caller closes it. Raises
+        `SandboxUnavailableError` when the sandbox or the zygote does not start. bwrap dies with
+        the thread that calls this (`--die-with-parent`): open zygotes that outlive a call from a
+        thread that lives as long as they do."""
         run_dir = Path(tempfile.mkdtemp(prefix="tidal-batch-", dir=self.workdir))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        stack = contextlib.ExitStack()
+        stack.callback(remove_tree, run_dir)
+        stack.callback(theirs.close)
+        stack.callback(ours.close)
         try:
             workspace = self._prepare(run_dir, {**(harness_files or {}), ZYGOTE_FILE: ZYGOTE_SOURCE})
-            widest = Limits(
-                timeout_s=min(3600, sum(job.limits.timeout_s for job in jobs) + READY_S),
-                memory_mb=max(job.limits.memory_mb for job in jobs),
-                pids=max(job.limits.pids for job in jobs),
-            )
             env = self._env(None, None)
             env[CONTROL_ENV] = str(theirs.fileno())
             command = [self.python, *flags, f"{HARNESS_ROOT}/{ZYGOTE_FILE}", WORKSPACE, *preload]
-            inner = self._inner_prefix(self.rlimits(widest, extra_processes=1), f"tidal-start-{secrets.token_hex(8)}:")
+            inner = self._inner_prefix(self.rlimits(limits, extra_processes=1), f"tidal-start-{secrets.token_hex(8)}:")
             layout = BatchLayout(
                 workspace=workspace,
                 inside=WORKSPACE,
                 owner=(SANDBOX_UID, SANDBOX_UID) if self.as_root else None,
                 env=lambda job_env, home, report: self._env(job_env, 3 if report else None, home=home),
-                rlimits=lambda limits: self.rlimits(limits, extra_processes=1),
+                rlimits=lambda job_limits: self.rlimits(job_limits, extra_processes=1),
                 exit_status=lambda code, sig: _exit_and_signal(code) if code is not None else (None, sig),
                 output_cap=self.output_cap,
                 report_cap=self.report_cap,
             )
-            try:
-                with self._started(run_dir, inner + command, env, [theirs.fileno()]) as (process, _):
-                    theirs.close()
-                    assert process.stdout is not None and process.stderr is not None
-                    driver = BatchDriver(ours, [process.stdout.fileno(), process.stderr.fileno()], layout)
-                    return driver.run(jobs, commands)
-            except SandboxUnavailableError as error:
-                log.info("sandbox batch: %s; the jobs run one sandbox each", error)
-                return [None] * len(jobs)
-        finally:
-            ours.close()
+            process, _ = stack.enter_context(self._started(run_dir, inner + command, env, [theirs.fileno()]))
             theirs.close()
-            remove_tree(run_dir)
+            assert process.stdout is not None and process.stderr is not None
+            driver = BatchDriver(ours, [process.stdout.fileno(), process.stderr.fileno()], layout)
+            driver.start()
+        except ZygoteLost as error:
+            stack.close()
+            raise SandboxUnavailableError(str(error)) from error
+        except BaseException:
+            stack.close()
+            raise
+        return Zygote(driver, self.python, list(flags), limits, stack.close, process.pid)
 
     def _map_user(
         self,
