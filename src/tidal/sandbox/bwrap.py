@@ -295,6 +295,17 @@ class BwrapBackend:
         finally:
             remove_tree(run_dir)
 
+    @property
+    def workspace_owner(self) -> tuple[int, int] | None:
+        """Who must own workspace files written from the host (the sandbox user on root hosts)."""
+        return (SANDBOX_UID, SANDBOX_UID) if self.as_root else None
+
+    def run_in(self, run_dir: Path, argv: list[str], limits: Limits, env: dict[str, str] | None = None) -> SandboxResult:
+        """Run `argv` over the existing `run_dir/workspace` (kept afterwards): sessions (session.py)."""
+        if not argv:
+            raise ValueError("argv must name a command")
+        return self._run_in(run_dir, argv, limits, env, None)
+
     def _prepare(self, run_dir: Path, harness_files: dict[str, str | bytes] | None) -> Path:
         """The run folder's workspace (empty) and read-only harness folder; the workspace's path."""
         workspace, harness = run_dir / "workspace", run_dir / "harness"

@@ -91,6 +91,15 @@ class UnsafeLocalBackend:
         finally:
             remove_tree(run_dir)
 
+    workspace_owner = None
+
+    def run_in(self, run_dir: Path, argv: list[str], limits: Limits, env: dict[str, str] | None = None) -> SandboxResult:
+        """Run `argv` over the existing `run_dir/workspace` (kept afterwards): sessions (session.py)."""
+        log.warning("sandbox backend 'unsafe_local' runs model code WITHOUT isolation")
+        if not argv:
+            raise ValueError("argv must name a command")
+        return self._run_in(run_dir / "workspace", run_dir / "harness", argv, limits, env, None)
+
     def _run_in(
         self,
         workspace: Path,
