@@ -1,3 +1,11 @@
 """The built-in verifiers; importing this package registers them."""
 
-from tidal.reward.verifiers import math_answer, python_tests, text  # noqa: F401
+from tidal.reward.verifiers import (  # noqa: F401
+    compile,
+    efficiency,
+    math_answer,
+    program_io,
+    python_tests,
+    static,
+    text,
+)
