@@ -47,6 +47,7 @@ class Limits(BaseModel):
     memory_mb: int = Field(512, ge=16, le=1 << 20, description="address-space/memory limit")
     pids: int = Field(64, ge=1, le=1 << 16, description="max processes inside the sandbox")
     cpus: float = Field(1.0, gt=0, le=1024, description="CPU bandwidth in cores (cgroup hosts)")
+    disk_mb: int = Field(256, ge=1, le=1 << 20, description="workspace size (its own tmpfs on root hosts)")
 
 
 class Task(BaseModel):

@@ -36,20 +36,27 @@ class ScoringContext:
     timeout_s: float | None = None
     memory_mb: int | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _backends: dict[str, SandboxBackend] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, config: SandboxConfig) -> ScoringContext:
         return cls(backend=config.backend, timeout_s=config.timeout_s, memory_mb=config.memory_mb)
 
-    def sandbox(self) -> SandboxBackend:
-        """The sandbox backend; raises `SandboxUnavailableError` when it cannot work on this host."""
-        if isinstance(self.backend, str):
-            with self._lock:
-                if isinstance(self.backend, str):
-                    from tidal.sandbox import get_backend
+    def sandbox(self, image: str | None = None) -> SandboxBackend:
+        """The sandbox backend for environment image `image` (a task's `image`; None: the default
+        one); raises `SandboxUnavailableError` when it cannot work on this host or the image is
+        not built. A ready backend instance given to the context is used for every image."""
+        if not isinstance(self.backend, str):
+            return self.backend
+        with self._lock:
+            key = image or ""
+            if key not in self._backends:
+                from tidal.sandbox import get_backend
+                from tidal.sandbox.image import DEFAULT_IMAGE
 
-                    self.backend = get_backend(self.backend)
-        return self.backend
+                options = {"image": image} if self.backend == "bwrap" and image not in (None, DEFAULT_IMAGE) else {}
+                self._backends[key] = get_backend(self.backend, **options)
+            return self._backends[key]
 
     def limits(self, task: Task) -> Limits:
         """The task's limits with this context's overrides applied."""

@@ -67,6 +67,7 @@ from tidal.sandbox.cgroup import Cgroup, Cgroups
 from tidal.sandbox.image import DEFAULT_IMAGE, find_image
 from tidal.sandbox.process import supervise
 from tidal.sandbox.seccomp import build_filter, filter_fd
+from tidal.sandbox.workspace_fs import is_mount, mount_tmpfs, unmount
 from tidal.types import Limits
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ class BwrapBackend:
         open_files: int = OPEN_FILES,
         seccomp: bool = True,
         cgroups: bool = True,
+        workspace_tmpfs: bool = True,
     ) -> None:
         self.bwrap = shutil.which("bwrap")
         if self.bwrap is None:
@@ -177,6 +179,7 @@ class BwrapBackend:
         self.image = image
         self.mounts = image_mounts(image, image_root)
         self.hash_seed = hash_seed
+        self.workspace_tmpfs = workspace_tmpfs
         self.python = self.mounts.python
         self.workdir = workdir
         self.output_cap, self.report_cap = output_cap, report_cap
@@ -285,6 +288,7 @@ class BwrapBackend:
         run_dir = Path(tempfile.mkdtemp(prefix="tidal-sandbox-", dir=self.workdir))
         try:
             workspace = self._prepare(run_dir, harness_files)
+            self.prepare_workspace(workspace, limits)
             write_tree(workspace, files)
             if self.as_root:
                 chown_tree(workspace, SANDBOX_UID, SANDBOX_UID)
@@ -293,7 +297,17 @@ class BwrapBackend:
                 result.after_value = after(workspace)
             return result
         finally:
+            self.release_workspace(run_dir / "workspace")
             remove_tree(run_dir)
+
+    def prepare_workspace(self, workspace: Path, limits: Limits) -> None:
+        """Make the (empty) `workspace` folder a tmpfs of `limits.disk_mb` on root hosts."""
+        if self.as_root and self.workspace_tmpfs:
+            mount_tmpfs(workspace, limits.disk_mb)
+
+    def release_workspace(self, workspace: Path) -> None:
+        if self.as_root and self.workspace_tmpfs and is_mount(workspace):
+            unmount(workspace)
 
     @property
     def workspace_owner(self) -> tuple[int, int] | None:

@@ -89,6 +89,18 @@ def _copy_tree(source: Path, target: Path, cap_bytes: int) -> tuple[int, int, li
     return files, size, skipped, modes
 
 
+def _copy_into(source: Path, target: Path) -> None:
+    """Copy the saved tree `source` into the existing empty folder `target` (links as links)."""
+    for entry in source.iterdir():
+        destination = target / entry.name
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry), destination)
+        elif entry.is_dir():
+            shutil.copytree(entry, destination, symlinks=True)
+        else:
+            shutil.copy2(entry, destination, follow_symlinks=False)
+
+
 def _copy_file(source: Path, target: Path) -> None:
     """Copy one regular file, refusing to open it through a link swapped in meanwhile."""
     fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -121,6 +133,9 @@ class SandboxSession:
         self.run_dir = Path(tempfile.mkdtemp(prefix="tidal-session-", dir=store))
         (self.run_dir / "workspace").mkdir(mode=0o755)
         (self.run_dir / "harness").mkdir(mode=0o755)
+        prepare = getattr(backend, "prepare_workspace", None)
+        if prepare is not None:
+            prepare(self.workspace, limits)  # a size-limited tmpfs where the backend can make one
         self.closed = False
         self.commands = 0
 
@@ -195,15 +210,16 @@ class SandboxSession:
         self._check_open()
         if not snapshot.path.is_dir() or snapshot.path.parent != self.store:
             raise SnapshotError(f"snapshot {snapshot.id} is not in this session's store (or was deleted)")
-        fresh = self.run_dir / "workspace.restoring"
-        remove_tree(fresh)
-        _copy_tree(snapshot.path, fresh, 1 << 62)
-        _apply_modes(fresh, snapshot.modes)
-        fresh.chmod(0o755)
+        # Emptied and refilled in place: the workspace may be a mount point, which cannot be renamed.
+        for entry in list(self.workspace.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                remove_tree(entry)
+            else:
+                entry.unlink()
+        _copy_into(snapshot.path, self.workspace)
+        _apply_modes(self.workspace, snapshot.modes)
         if self.owner is not None:
-            chown_tree(fresh, *self.owner)
-        remove_tree(self.workspace)
-        fresh.rename(self.workspace)
+            chown_tree(self.workspace, *self.owner)
 
     def fork(self, snapshot: Snapshot | None = None) -> SandboxSession:
         """A new session over a copy of `snapshot` (default: the workspace now), sharing the store."""
@@ -219,6 +235,9 @@ class SandboxSession:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            release = getattr(self.backend, "release_workspace", None)
+            if release is not None:
+                release(self.workspace)
             remove_tree(self.run_dir)
 
     def __enter__(self) -> SandboxSession:

@@ -163,3 +163,18 @@ def test_cpu_time_is_measured_and_cgroups_are_removed(cgrouped: SandboxBackend) 
     assert result.cpu_s is not None and result.cpu_s >= 0.3
     after = {p for parent in cgrouped.cgroups.parents.values() for p in parent.glob("tidal-*")}
     assert after <= before
+
+
+def test_workspace_is_bounded_as_a_whole(cgrouped: SandboxBackend) -> None:
+    """Many files each under the per-file limit cannot fill the host's disk: the workspace is a
+    tmpfs of `disk_mb`, and its inode count is capped too."""
+    code = ("import errno\nwritten = 0\ntry:\n for i in range(100):\n  open(f'f{i}', 'wb').write(b'x' * 2**20); written += 1\n"
+            "except OSError as e:\n print(written, errno.errorcode[e.errno])\n"
+            "import os\nn = 0\ntry:\n os.mkdir('many')\n for i in range(100000):\n  open(f'many/{i}', 'w').close(); n += 1\n"
+            "except OSError as e:\n print(n < 100000, errno.errorcode[e.errno])")
+    result = cgrouped.run([cgrouped.python, "-c", code], {}, Limits(timeout_s=30, disk_mb=8, memory_mb=256))
+    lines = result.stdout.decode().splitlines()
+    assert lines[0].split()[1] == "ENOSPC" and int(lines[0].split()[0]) <= 8
+    assert lines[1] == "True ENOSPC"
+    mounts = Path("/proc/self/mounts").read_text()
+    assert "tidal-workspace" not in mounts  # unmounted after the run
