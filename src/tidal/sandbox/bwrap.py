@@ -226,7 +226,7 @@ class BwrapBackend:
         for host, inside in self.mounts.binds:
             args += ["--ro-bind", host, inside]
         args += ["--ro-bind", str(run_dir / "harness"), HARNESS_ROOT]
-        args += ["--size", str(self.file_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        args += ["--perms", "1777", "--size", str(self.file_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
         args += ["--proc", "/proc", "--dev", "/dev"]
         args += ["--bind", str(run_dir / "workspace"), WORKSPACE, "--chdir", WORKSPACE]
         return args
@@ -325,7 +325,7 @@ class BwrapBackend:
         workspace, harness = run_dir / "workspace", run_dir / "harness"
         workspace.mkdir(mode=0o755)
         harness.mkdir(mode=0o755)
-        write_tree(harness, harness_files or {})
+        write_tree(harness, harness_files or {}, mode=0o755)  # read-only inside; tools may be executables
         for folder, dirs, _ in os.walk(harness):
             for name in dirs:
                 os.chmod(os.path.join(folder, name), 0o755)
