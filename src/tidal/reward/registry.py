@@ -48,14 +48,14 @@ class ScoringContext:
         not built. A ready backend instance given to the context is used for every image."""
         if not isinstance(self.backend, str):
             return self.backend
+        from tidal.sandbox.image import DEFAULT_IMAGE
+
+        key = "" if image in (None, DEFAULT_IMAGE) or self.backend != "bwrap" else str(image)
         with self._lock:
-            key = image or ""
             if key not in self._backends:
                 from tidal.sandbox import get_backend
-                from tidal.sandbox.image import DEFAULT_IMAGE
 
-                options = {"image": image} if self.backend == "bwrap" and image not in (None, DEFAULT_IMAGE) else {}
-                self._backends[key] = get_backend(self.backend, **options)
+                self._backends[key] = get_backend(self.backend, **({"image": key} if key else {}))
             return self._backends[key]
 
     def limits(self, task: Task) -> Limits:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tidal.errors import UnknownNameError
+from pathlib import Path
+
+from tidal.errors import SandboxUnavailableError, UnknownNameError
 from tidal.reward import ScoringContext, get_verifier, known_verifiers, verifier
 from tidal.reward import registry
 from tidal.reward.registry import check_answer, decode_answer
@@ -66,3 +68,17 @@ def test_bytes_answers_are_decoded_or_fail() -> None:
     assert isinstance(bad, Score) and bad.outcome is Outcome.FAILED and "UTF-8" in bad.detail
     huge = decode_answer(b"x" * (1 << 20))
     assert isinstance(huge, Score) and "KiB" in huge.detail
+
+
+
+def test_context_gives_one_backend_per_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task's `image` picks the sandbox; a missing image is the sandbox's typed error."""
+    monkeypatch.setenv("TIDAL_IMAGES", str(tmp_path))
+    context = ScoringContext(backend="bwrap")
+    try:
+        default = context.sandbox()
+    except SandboxUnavailableError as error:
+        pytest.skip(f"bwrap unavailable: {error}")
+    assert context.sandbox("python3") is default and context.sandbox(None) is default
+    with pytest.raises(SandboxUnavailableError, match="tidal image build"):
+        context.sandbox("not-built")

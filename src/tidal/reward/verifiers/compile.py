@@ -50,7 +50,7 @@ def compile_code(task: Task, answer: str, ctx: ScoringContext) -> Score:
     language, code = program
     source = SOURCE_FILES[language]
     try:
-        backend = ctx.sandbox()
+        backend = ctx.sandbox(task.image)
         if language == "python":
             argv = [backend.python, "-I", "-m", "py_compile", source]
         else:

@@ -256,7 +256,7 @@ def run_cases(task: Task, ctx: ScoringContext, files: dict[str, str | bytes], sp
     limits = ctx.limits(task)
     nonce = secrets.token_hex(16)
     try:
-        backend = ctx.sandbox()
+        backend = ctx.sandbox(task.image)
         job = {**spec, "nonce": nonce, "python": backend.python, "sweep": backend.name == "bwrap",
                "budget_s": max(0.5, limits.timeout_s - 1.0)}
         result = backend.run([backend.python, "-I", "-c", BOOT, "cases"], files, limits,

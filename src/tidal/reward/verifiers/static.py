@@ -90,7 +90,7 @@ def static(task: Task, answer: str, ctx: ScoringContext) -> Score:
     if ignore:
         args.append(f"--ignore={','.join(ignore)}")
     try:
-        backend = ctx.sandbox()
+        backend = ctx.sandbox(task.image)
         result = backend.run([backend.python, "-I", "-c", BOOT, "ruff", loader, RUFF_FILE, *args, "--", "solution.py"],
                              {"solution.py": code}, ctx.limits(task),
                              env={"TIDAL_RUFF_TIMEOUT": str(max(1.0, ctx.limits(task).timeout_s - 1.0))},
