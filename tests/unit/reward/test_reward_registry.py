@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
+
+import pytest
 
 from tidal.errors import SandboxUnavailableError, UnknownNameError
 from tidal.reward import ScoringContext, get_verifier, known_verifiers, verifier
