@@ -21,9 +21,12 @@ subtree; bwrap.py uses them when tidal runs as root.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import queue
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,7 +148,23 @@ class Cgroup:
         return False
 
     def remove(self) -> None:
-        """Kill what is left and delete the folders (waiting briefly for them to empty)."""
+        """Kill what is left and delete the folders. A folder whose processes are still exiting
+        is handed to a background thread, so the caller does not wait for the kernel."""
+        busy = []
+        for folder in set(self.folders.values()):
+            if self.version == 2:
+                _write(folder / "cgroup.kill", "1")
+            try:
+                folder.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                busy.append(folder)
+        if busy:
+            _REAPER.put(Cgroup({str(i): f for i, f in enumerate(busy)}, self.version))
+
+    def remove_now(self) -> None:
+        """Kill what is left and delete the folders, waiting up to REMOVE_S for them to empty."""
         for folder in set(self.folders.values()):
             deadline = time.monotonic() + REMOVE_S
             while True:
@@ -167,6 +186,41 @@ class Cgroup:
                         log.warning("cgroup: could not remove %s: %s", folder, error)
                         break
                     time.sleep(0.01)
+
+
+class _Reaper:
+    """One background thread deleting cgroups whose processes were still exiting; drained at exit."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[Cgroup] = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def put(self, group: Cgroup) -> None:
+        self.queue.put(group)
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="tidal-cgroup-reaper", daemon=True)
+                self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                group = self.queue.get(timeout=5.0)
+            except queue.Empty:
+                return
+            group.remove_now()
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self.queue.get_nowait().remove_now()
+            except queue.Empty:
+                return
+
+
+_REAPER = _Reaper()
+atexit.register(_REAPER.drain)
 
 
 def _lines(path: Path) -> list[str]:
@@ -236,7 +290,7 @@ class Cgroups:
                     folder.mkdir()
                 folders[controller] = folder
         except OSError as error:
-            Cgroup(folders, self.version).remove()
+            Cgroup(folders, self.version).remove_now()
             log.warning("cgroup: cannot create %s: %s; running on rlimits alone", name, error)
             return None
         group = Cgroup(folders, self.version, missing=list(self.missing))
