@@ -15,6 +15,7 @@ a test never needs:
   umount2, pivot_root, chroot, the new mount API (open_tree, move_mount, fs*, mount_setattr);
 - kernel subsystems with a history of privilege escalations: bpf, keyctl/add_key/request_key,
   perf_event_open, userfaultfd, io_uring_*, fanotify_init, open_by_handle_at/name_to_handle_at;
+- POSIX message queues (mq_open): they outlive processes, and a batch cannot see or clean them;
 - the terminal: ioctl TIOCSTI (push characters into a terminal's input) and TIOCLINUX;
 - host administration: kexec, modules, swap, reboot, acct, quotactl, syslog, clocks, iopl/ioperm.
 
@@ -67,6 +68,7 @@ DENIED = (
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
     "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "lookup_dcookie", "nfsservctl",
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "vhangup", "uselib", "iopl", "ioperm",
+    "mq_open",  # POSIX message queues outlive a process and nothing in a batch could see or clean them
 )
 
 
@@ -89,7 +91,7 @@ ARCHES = {
         "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "finit_module": 313,
         "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
         "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-        "fsmount": 432, "fspick": 433, "pidfd_getfd": 438, "mount_setattr": 442,
+        "fsmount": 432, "fspick": 433, "pidfd_getfd": 438, "mount_setattr": 442, "mq_open": 240,
     }, x32=True),
     "aarch64": Arch(0xC00000B7, {
         "ioctl": 29, "clone": 220, "clone3": 435, "ptrace": 117, "syslog": 116, "vhangup": 58,
@@ -101,7 +103,7 @@ ARCHES = {
         "clock_adjtime": 266, "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
         "finit_module": 273, "kexec_file_load": 294, "bpf": 280, "userfaultfd": 282, "io_uring_setup": 425,
         "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
-        "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_getfd": 438, "mount_setattr": 442,
+        "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_getfd": 438, "mount_setattr": 442, "mq_open": 180,
     }),
 }
 

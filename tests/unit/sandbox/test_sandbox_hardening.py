@@ -23,7 +23,8 @@ numbers = json.loads(os.environ["NUMBERS"])
 out = {}
 for name, args in [("ptrace", (16, 1, 0, 0)), ("unshare", (0x10000000,)), ("bpf", (0, 0, 0)),
                    ("io_uring_setup", (1, 0)), ("clone3", (0, 0)), ("keyctl", (0, 0)),
-                   ("perf_event_open", (0, 0, -1, -1, 0)), ("userfaultfd", (0,)), ("mount", (0, 0, 0, 0, 0))]:
+                   ("perf_event_open", (0, 0, -1, -1, 0)), ("userfaultfd", (0,)), ("mount", (0, 0, 0, 0, 0)),
+                   ("mq_open", (b"/tidal-q", 0o102, 0o600, 0))]:
     ctypes.set_errno(0)
     result = libc.syscall(numbers[name], *args)
     out[name] = [result, ctypes.get_errno()]
@@ -55,7 +56,7 @@ def test_denied_syscalls_fail_and_ordinary_ones_work(bwrap: SandboxBackend) -> N
     result = bwrap.run([bwrap.python, "-c", SYSCALLS], {}, Limits(timeout_s=20), env={"NUMBERS": json.dumps(numbers)})
     assert result.status == SandboxStatus.OK, result.stderr
     out = json.loads(result.stdout)
-    for name in ("ptrace", "unshare", "bpf", "io_uring_setup", "keyctl", "perf_event_open", "userfaultfd", "mount"):
+    for name in ("ptrace", "unshare", "bpf", "io_uring_setup", "keyctl", "perf_event_open", "userfaultfd", "mount", "mq_open"):
         assert out[name] == [-1, 1], name  # EPERM
     assert out["clone3"] == [-1, 38]  # ENOSYS: libc falls back to clone
     assert out["getpid"] >= 1
