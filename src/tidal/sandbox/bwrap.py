@@ -228,7 +228,9 @@ class BwrapBackend:
         args += ["--ro-bind", str(run_dir / "harness"), HARNESS_ROOT]
         args += ["--perms", "1777", "--size", str(self.file_size_mb * 1024 * 1024), "--tmpfs", "/tmp"]
         args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777", "--size", str(self.file_size_mb * 1024 * 1024), "--tmpfs", "/dev/shm"]  # POSIX semaphores
         args += ["--bind", str(run_dir / "workspace"), WORKSPACE, "--chdir", WORKSPACE]
+        args += ["--remount-ro", "/"]  # the root tmpfs (the sandbox user owns it when run unprivileged)
         return args
 
     def rlimits(self, limits: Limits, extra_processes: int = 0) -> dict[str, tuple[int, int]]:

@@ -195,3 +195,22 @@ def test_workspace_is_bounded_as_a_whole(cgrouped: SandboxBackend, tmp_path: Pat
     assert lines[1] == "True ENOSPC"
     assert str(tmp_path) not in Path("/proc/self/mounts").read_text()  # unmounted after the run
     assert not list(tmp_path.iterdir())  # and the run folder deleted
+
+
+def test_root_is_read_only_and_scratch_is_writable(bwrap: SandboxBackend) -> None:
+    """Only the workspace, /tmp and /dev/shm take writes (multiprocessing needs the last)."""
+    code = """
+import multiprocessing as mp, os
+for path in ("/x", "/opt/x", "/opt/tidal/site/x", "/usr/x", "/tmp/x", "/dev/shm/x", "/workspace/x"):
+    try:
+        open(path, "w").close()
+        print(path, "written")
+    except OSError as error:
+        print(path, error.errno)
+lock = mp.Lock()
+print("lock", lock.acquire(timeout=1))
+"""
+    result = bwrap.run([bwrap.python, "-c", code], {}, Limits(timeout_s=20))
+    lines = result.stdout.decode().splitlines()
+    assert lines == ["/x 30", "/opt/x 30", "/opt/tidal/site/x 30", "/usr/x 30", "/tmp/x written",
+                     "/dev/shm/x written", "/workspace/x written", "lock True"], result.stderr
