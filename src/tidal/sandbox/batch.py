@@ -2,8 +2,9 @@
 inside one sandbox, collect each job's output, report channel and exit status, check and delete
 its workspace, and give up on the zygote at the first sign that it cannot be trusted.
 
-A backend starts the sandbox with the zygote as its command and a control socket, then calls
-`BatchDriver.run`. What the driver trusts: the zygote's messages on the control socket (the jobs
+A backend starts the sandbox with the zygote as its command and a control socket, and wraps it
+in a `Zygote`, which runs jobs one at a time for as long as its owner keeps it (one batch in
+`run_batch`, many tasks in a `SandboxPool`). What the driver trusts: the zygote's messages on the control socket (the jobs
 never hold that socket, and cannot reach the zygote's memory) and its own clock. A job's
 workspace is written here, on the host, only after the previous job's processes are all gone,
 and its report channel and nonce are created only when the job starts.
@@ -17,6 +18,7 @@ import os
 import selectors
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -91,28 +93,29 @@ class BatchDriver:
         self.control = control
         self.layout = layout
         self.diagnostics = {fd: Capped(DIAGNOSTIC_CAP) for fd in streams}
+        self.jobs = 0  # jobs handed to the zygote so far; job n runs in `<workspace>/<n>`
+        self.retired: str | None = None  # why the zygote must run nothing more, once it must not
 
-    def run(self, jobs: Sequence[BatchJob], commands: Sequence[tuple[str, list[str]]]) -> list[SandboxResult | None]:
-        """One result per job; None for the job the zygote was lost on and every job after it."""
-        results: list[SandboxResult | None] = []
+    def start(self) -> None:
+        """Wait for the zygote's `ready`; ZygoteLost when it does not come (not a job's doing: the
+        host or the sandbox is not fit for batches)."""
+        ready = self._receive({}, time.monotonic() + READY_S, "start")
+        if ready.get("event") != "ready":
+            raise ZygoteLost(f"the zygote did not start: {ready}{self._tail()}")
+        if ready.get("failed"):
+            log.info("sandbox batch: preloading %s failed; the jobs import them themselves", ready["failed"])
+
+    def run_job(self, job: BatchJob, module: str, args: list[str]) -> SandboxResult:
+        """Run one job; ZygoteLost (and `retired` set) when the zygote cannot vouch for it. A
+        result can come with `retired` set: it stands, but the zygote runs nothing more."""
+        if self.retired is not None:
+            raise ZygoteLost(f"the zygote was retired: {self.retired}")
+        index, self.jobs = self.jobs, self.jobs + 1
         try:
-            ready = self._receive({}, time.monotonic() + READY_S, "start")
-            if ready.get("event") != "ready":
-                raise ZygoteLost(f"the zygote did not start: {ready}")
-        except ZygoteLost as error:  # not a job's doing: the host or the sandbox is not fit for batches
-            log.warning("sandbox batch: %s; every job runs in a sandbox of its own%s", error, self._tail())
-            return [None] * len(jobs)
-        try:
-            if ready.get("failed"):
-                log.info("sandbox batch: preloading %s failed; the jobs import them themselves", ready["failed"])
-            for index, (job, (module, args)) in enumerate(zip(jobs, commands)):
-                results.append(self._run_job(index, job, module, args))
+            return self._run_job(index, job, module, args)
         except ZygoteLost as error:
-            log.info(
-                "sandbox batch: %s; the %d job(s) from job %d on run one sandbox each%s",
-                error, len(jobs) - len(results), len(results), self._tail(),
-            )
-        return results + [None] * (len(jobs) - len(results))
+            self.retired = str(error)
+            raise
 
     def _tail(self) -> str:
         text = b"".join(bytes(c.data) for c in self.diagnostics.values()).decode(errors="replace").strip()
@@ -176,6 +179,8 @@ class BatchDriver:
         elapsed = time.monotonic() - started
         if done.get("event") != "done":
             raise ZygoteLost(f"job {index}: unexpected message {done}")
+        if done.get("retire"):
+            self.retired = f"job {index} left the sandbox changed: {done['retire']}"
         timed_out = bool(done.get("timed_out"))
         if not timed_out and elapsed > job.limits.timeout_s + LATE_S:
             raise ZygoteLost(
@@ -198,6 +203,8 @@ class BatchDriver:
             report=bytes(report.data),
             report_truncated=report.truncated,
             detail=detail,
+            cpu_s=_number(done.get("cpu_s")),
+            max_rss_mb=_number(done.get("max_rss_mb")),
         )
         if job.after is not None:
             result.after_value = job.after(folder)  # every process of the job is gone (the zygote swept)
@@ -250,6 +257,10 @@ class BatchDriver:
         return message
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def _parse(data: bytes) -> dict[str, Any]:
     try:
         message = json.loads(data)
@@ -273,3 +284,68 @@ def _send_report_input(channel: socket.socket, data: bytes, deadline: float) -> 
     except OSError:
         pass
     channel.setblocking(False)
+
+
+class Zygote:
+    """A started zygote sandbox, used by one thread at a time: runs jobs until it is closed, lost
+    (it died, hung or said something wrong) or retired (a job left the sandbox changed).
+
+    `flags` are the interpreter flags it was started with (every job must use them); `limits` the
+    widest limits a job may ask for (the zygote's own hard limits bound its children's); `close`
+    kills the sandbox and deletes its folder. A backend makes one with `open_zygote`.
+    """
+
+    def __init__(self, driver: BatchDriver, python: str, flags: list[str], limits: Limits,
+                 close: Callable[[], None], pid: int) -> None:
+        self.driver, self.python, self.flags, self.limits = driver, python, list(flags), limits
+        self.pid = pid  # the host pid of the sandbox's outermost process (bwrap)
+        self._close = close
+        self._lock = threading.Lock()
+        self.closed = False
+
+    @property
+    def usable(self) -> bool:
+        return not self.closed and self.driver.retired is None
+
+    @property
+    def jobs(self) -> int:
+        return self.driver.jobs
+
+    def fits(self, job: BatchJob) -> bool:
+        """Whether `job` can run here: same interpreter flags, limits within the zygote's own."""
+        try:
+            flags, _, _ = split_module_argv(job.argv, self.python)
+        except ValueError:
+            return False
+        return flags == self.flags and job.limits.memory_mb <= self.limits.memory_mb \
+            and job.limits.pids <= self.limits.pids and job.limits.timeout_s <= self.limits.timeout_s
+
+    def run(self, job: BatchJob) -> SandboxResult | None:
+        """The job's result, or None when the zygote could not vouch for it (the caller runs it in a
+        sandbox of its own). ValueError for a job that does not fit (see `fits`)."""
+        if not self.fits(job):
+            raise ValueError(f"job {job.argv[:6]!r} does not fit this zygote (flags {self.flags}, {self.limits})")
+        _, module, args = split_module_argv(job.argv, self.python)
+        with self._lock:
+            if not self.usable:
+                return None
+            try:
+                return self.driver.run_job(job, module, args)
+            except ZygoteLost as error:
+                log.info("sandbox zygote: %s; the job runs in a sandbox of its own%s", error, self.driver._tail())
+                return None
+
+    def run_all(self, jobs: Sequence[BatchJob]) -> list[SandboxResult | None]:
+        """`run` for each job in turn; once the zygote is lost or retired, None for the rest."""
+        results = [self.run(job) for job in jobs]
+        if None in results:
+            lost = results.index(None)
+            log.info("sandbox batch: the %d job(s) from job %d on run one sandbox each", len(jobs) - lost, lost)
+        return results
+
+    def close(self) -> None:
+        """Kill the sandbox (every process in it) and delete its folder; idempotent."""
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                self._close()

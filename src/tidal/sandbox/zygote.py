@@ -11,29 +11,41 @@ message; the host only trusts what comes over it, never the jobs' output):
     zygote -> host   {"event": "ready", "failed": [modules that did not import]}
     host -> zygote   {"op": "run", "cwd", "env", "module", "args", "rlimits", "timeout_s"}
                      with fds: stdout, stderr[, report channel]
-    zygote -> host   {"event": "done", "exit_code", "signal", "timed_out", "wall_s"}
-                     sent once the job's child has ended, every other process of the sandbox is
-                     gone and /tmp and /dev/shm are empty
-    zygote -> host   {"event": "broken", "detail"}: the zygote cannot vouch for a clean sandbox
-                     (a job changed something a fork inherits, or left files where nothing cleans,
-                     or processes that would not die) and exits; the host runs the remaining jobs
-                     one sandbox each
+    zygote -> host   {"event": "done", "exit_code", "signal", "timed_out", "wall_s", "cpu_s", "max_rss_mb",
+                     "retire"} sent once the job's child has ended, every other process of the
+                     sandbox is gone, /tmp and /dev/shm are empty and the sandbox has been compared
+                     with how the zygote found it; `retire` (a reason, or null) says the job left
+                     something a fork inherits or that nothing cleans: its own result stands, but
+                     the zygote exits after this message and runs nothing more
+    zygote -> host   {"event": "broken", "detail"}: the zygote cannot vouch for the job in progress
+                     (processes that would not die, a child that could not set up) and exits; the
+                     host runs that job in a sandbox of its own
     host closes the socket: the zygote exits.
 
 A job's child runs `python -m module args` in-process (runpy, as the interpreter does), in its own
 session, with the job's environment, working directory and rlimits, its own stdout/stderr, and
 the report channel as fd 3. The zygote makes itself non-dumpable, so jobs (same uid) cannot ptrace
 it or read its memory; what they can still do to it (kill, stop, renice, lower its rlimits) either
-ends it or is caught by the check it runs before every fork.
+ends it or is caught by the check it runs after every job.
+
+Speed: everything a job's pytest session imports is imported here once; when a job runs pytest, the
+zygote builds pytest's plugin manager and the default plugins' registrations (what
+`_pytest.config.get_config` returns) once per set of `-p no:...` options, and each child takes its
+own copy-on-write copy of that object instead of building it (see `_prebuilt_config`); the heap is
+frozen (`gc.freeze`) before forking, so a child's garbage collections skip the zygote's objects and
+do not touch (copy) their pages.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import fcntl
+import gc
 import json
 import os
+import pathlib
 import re
 import resource
 import select
@@ -53,6 +65,7 @@ SETUP_FAILED = 71  # exit code of a child whose setup failed before the job's co
 SCRATCH = ("/tmp", "/dev/shm")  # writable places outside the workspace that outlive a process: emptied
 UNWATCHED_FILESYSTEMS = {"proc", "sysfs", "devpts", "devtmpfs", "mqueue", "cgroup", "cgroup2"}
 MAX_MESSAGE = 1 << 20
+PYTEST_PROG = "python -m pytest"  # what pytest calls itself when run as `python -m pytest`
 RLIMITS = {
     "cpu": resource.RLIMIT_CPU,
     "as": resource.RLIMIT_AS,
@@ -251,7 +264,71 @@ def _run_module(module: str, args: list[str]) -> int:
     return code
 
 
-def _child(job: dict[str, Any], control: socket.socket, fds: list[int], ready: int) -> None:
+def _plugin_exclusions(args: list[str]) -> tuple[str, ...]:
+    """The `-p no:NAME` values of pytest's `args`, read as `PytestPluginManager.consider_preparse`
+    reads them: all `_pytest.config.get_config` takes from the arguments besides storing them."""
+    found, at = [], 0
+    while at < len(args):
+        option = args[at]
+        at += 1
+        if option == "-p":
+            if at >= len(args):
+                break
+            value, at = args[at], at + 1
+        elif option.startswith("-p"):
+            value = option[2:]
+        else:
+            continue
+        if value.strip().startswith("no:"):
+            found.append(value.strip())
+    return tuple(found)
+
+
+_PREBUILT: dict[tuple[str, ...], Any] = {}  # plugin exclusions -> pytest Config (None: could not build)
+
+
+def _prebuilt_config(job: dict[str, Any]) -> Any:
+    """For a pytest job: pytest's initial `Config` for the job's `-p no:` options, built once in the
+    zygote (plugin manager, hook specs, default plugins and their options: a third of a small
+    session's start-up); None when the job is not a plain pytest run or it cannot be built (the
+    child then builds it itself, as pytest always does)."""
+    if job["module"] != "pytest" or "PYTEST_DEBUG" in job["env"] or "_pytest.config" not in sys.modules:
+        return None
+    key = _plugin_exclusions(job["args"])
+    if key not in _PREBUILT:
+        config = None
+        try:
+            from _pytest.config import get_config
+
+            config = get_config([f"-p{value}" for value in key], None, prog=PYTEST_PROG)
+        except Exception:
+            pass
+        _PREBUILT[key] = config
+        gc.collect()
+        gc.freeze()
+    return _PREBUILT[key]
+
+
+def _hand_over(config: Any) -> None:
+    """In the child: the first `get_config` call of its pytest session returns the zygote's `config`
+    (its own copy), with the invocation parameters the call gives, as a freshly built one has."""
+    import _pytest.config
+
+    original = _pytest.config.get_config
+
+    def get_config(args: Any = None, plugins: Any = None, *, prog: str | None = None) -> Any:
+        _pytest.config.get_config = original
+        if plugins or prog != PYTEST_PROG or _plugin_exclusions(list(args or ())) != _plugin_exclusions(
+                list(config.invocation_params.args)):
+            return original(args, plugins, prog=prog)
+        config.invocation_params = dataclasses.replace(
+            config.invocation_params, args=tuple(args or ()), plugins=plugins, dir=pathlib.Path.cwd())
+        return config
+
+    _pytest.config.get_config = get_config
+
+
+def _child(job: dict[str, Any], control: socket.socket, fds: list[int], ready: int, config: Any) -> None:
     """Become the job: own session, the job's fds as 1, 2 (and 3), environment, folder and limits;
     say so on `ready`, then run it. Never returns."""
     code = SETUP_FAILED
@@ -273,6 +350,8 @@ def _child(job: dict[str, Any], control: socket.socket, fds: list[int], ready: i
         sys.path[0] = job["cwd"]  # what `python -m` puts first
         for name, (soft, hard) in job["rlimits"].items():
             resource.setrlimit(RLIMITS[name], (soft, hard))
+        if config is not None:
+            _hand_over(config)
         os.write(ready, b"1")
         os.close(ready)
     except BaseException:
@@ -311,21 +390,24 @@ def _wait(pid: int, deadline: float) -> bool:
 
 
 def _run(job: dict[str, Any], fds: list[int], control: socket.socket, protected: set[int]) -> dict[str, Any]:
+    config = _prebuilt_config(job)
     ready_read, ready_write = os.pipe()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _child(job, control, fds, ready_write)
+        _child(job, control, fds, ready_write, config)
     os.close(ready_write)
     for fd in fds:
         os.close(fd)  # the job's ends now live only in the job
     fds.clear()
     timed_out = _wait(pid, started + float(job["timeout_s"]))
-    _, status = os.waitpid(pid, 0)
+    _, status, usage = os.wait4(pid, 0)
     wall_s = time.monotonic() - started
     _sweep(protected)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child and every process it left, reaped
     os.set_blocking(ready_read, False)
     try:
         started_ok = os.read(ready_read, 1) == b"1"
@@ -336,7 +418,9 @@ def _run(job: dict[str, Any], fds: list[int], control: socket.socket, protected:
         raise Broken(f"the child could not set up the job (wait status {status})")
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-    return {"event": "done", "exit_code": exit_code, "signal": sig, "timed_out": timed_out, "wall_s": wall_s}
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"event": "done", "exit_code": exit_code, "signal": sig, "timed_out": timed_out, "wall_s": wall_s,
+            "cpu_s": cpu_s, "max_rss_mb": usage.ru_maxrss / 1024, "retire": None}
 
 
 def _send(control: socket.socket, message: dict[str, Any]) -> None:
@@ -364,6 +448,8 @@ def main(argv: list[str]) -> int:
     modes = {folder: stat.S_IMODE(os.stat(folder).st_mode) for folder in SCRATCH if os.path.isdir(folder)}
     watched = _watched(skip)
     baseline = _state(watched, skip)
+    gc.collect()
+    gc.freeze()  # children's collections skip (and so do not copy) everything imported so far
     _send(control, {"event": "ready", "failed": failed})
     while True:
         message, fds, flags, _ = socket.recv_fds(control, MAX_MESSAGE, 3)
@@ -373,13 +459,13 @@ def main(argv: list[str]) -> int:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise Broken("a control message was cut short")
             job = json.loads(message)
-            state = _state(watched, skip)
-            changed = [key for key, value in state.items() if value != baseline[key]]
-            if changed:
-                paths = sorted({path for path, _ in set(state["files"].items()) ^ set(baseline["files"].items())})
-                raise Broken(f"a job changed the sandbox's {', '.join(changed)} {paths[:5] if paths else ''}".rstrip())
             result = _run(job, fds, control, protected)
             _clean_scratch(modes)
+            state = _state(watched, skip)
+            changed = [key for key, value in state.items() if value != baseline[key]]
+            if changed:  # this job's own result stands; the next job would not run in a clean sandbox
+                paths = sorted({path for path, _ in set(state["files"].items()) ^ set(baseline["files"].items())})
+                result["retire"] = f"a job changed the sandbox's {', '.join(changed)} {paths[:5] if paths else ''}".rstrip()
         except Exception as error:  # whatever went wrong, the host must not trust this sandbox any more
             detail = str(error) if isinstance(error, Broken) else f"{type(error).__name__}: {error}"
             if not (isinstance(error, OSError) and error.errno == errno.EPIPE):
@@ -389,6 +475,8 @@ def main(argv: list[str]) -> int:
             for fd in fds:
                 os.close(fd)
         _send(control, result)
+        if result["retire"]:
+            return 3
 
 
 if __name__ == "__main__":
