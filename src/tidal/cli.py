@@ -130,6 +130,31 @@ def score(
         typer.echo(f"  {result['detail']}")
 
 
+@app.command()
+def compare(
+    runs: list[str] = typer.Argument(..., help="eval runs: RUN_DIR, RUN_DIR:TAG or results JSONL; the first is the baseline"),
+    seed: int = typer.Option(0, help="bootstrap seed"),
+    confidence: float = typer.Option(0.95, min=0.5, max=0.999, help="interval confidence"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Paired comparison of evaluations on the same tasks: per-domain differences with paired
+    bootstrap intervals, McNemar's test, Holm correction, minimum detectable difference, flips."""
+    if len(runs) < 2:
+        _fail(ValueError("compare needs at least two runs"))
+    try:
+        from tidal.eval.compare import compare as compare_runs
+        from tidal.eval.compare import format_comparison, load_scores
+
+        baseline = load_scores(runs[0])
+        results = [compare_runs(baseline, load_scores(other), seed=seed, confidence=confidence) for other in runs[1:]]
+    except TidalError as error:
+        _fail(error)
+    if as_json:
+        typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        typer.echo("\n\n".join(format_comparison(r) for r in results))
+
+
 @sandbox_app.command("run", context_settings={"allow_interspersed_args": False})
 def sandbox_run(
     command: list[str] = typer.Argument(..., help="the command (after --); python3 means the image's"),
