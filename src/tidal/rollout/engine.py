@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -22,6 +23,10 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from tidal.rollout.kv import FlatCache, supports_flat_cache
 from tidal.types import Completion, FinishReason
+
+# Called with (prompt index, sample index, token id) for each token as it is sampled, in step order
+# (the server streams from it). It runs on the generating thread, inside the decode loop: keep it cheap.
+TokenCallback = Callable[[int, int, int], None]
 
 
 @dataclass
@@ -132,13 +137,18 @@ class EmbeddedEngine:
 
     @torch.inference_mode()
     def generate(
-        self, prompts: list[list[int]], n: int = 1, params: SamplingParams | None = None
+        self,
+        prompts: list[list[int]],
+        n: int = 1,
+        params: SamplingParams | None = None,
+        on_token: TokenCallback | None = None,
     ) -> list[list[Completion]]:
         """`n` completions for each prompt (token ids, e.g. from `render_prompt`).
 
         Returns one list per prompt, in order, each holding its `n` completions, all tagged with the
         weight version current when the call started. With `params.seed` set, the same prompts, n,
-        params, weights, `max_batch_rows` and device give the same completions.
+        params, weights, `max_batch_rows` and device give the same completions. `on_token`, when
+        given, sees every kept token as it is sampled (it does not change what is sampled).
         """
         params = params or SamplingParams()
         if n < 1:
@@ -158,7 +168,8 @@ class EmbeddedEngine:
         self.model.eval()  # no dropout while sampling; the trainer's mode is restored below
         try:
             for batch in self._plan(prompts, n):
-                for unit, completions in zip(batch, self._generate_batch(batch, prompts, params, generator, version)):
+                completed = self._generate_batch(batch, prompts, params, generator, version, on_token)
+                for unit, completions in zip(batch, completed):
                     results[unit.prompt][unit.first : unit.first + unit.count] = completions
         finally:
             self.model.train(was_training)
@@ -209,6 +220,7 @@ class EmbeddedEngine:
         params: SamplingParams,
         generator: torch.Generator,
         version: int,
+        on_token: TokenCallback | None = None,
     ) -> list[list[Completion]]:
         device = self.device
         lengths = [len(prompts[unit.prompt]) for unit in units]
@@ -244,11 +256,17 @@ class EmbeddedEngine:
         alive = torch.ones(rows, dtype=torch.bool, device=device)  # batch rows still sampling
         eos = torch.tensor(self.eos_ids, device=device)
         stops = _StopChecker(self.tokenizer, params.stop) if params.stop else None
+        # Output row -> (prompt index, sample index), for `on_token`.
+        owners = [(unit.prompt, unit.first + offset) for unit in units for offset in range(unit.count)]
 
         for step in range(max_new):
             token, logprob = _sample(logits, params, generator)
             tokens[live, step] = token
             logprobs[live, step] = logprob
+            if on_token is not None:
+                # Rows already finished stay in the batch until it is compacted: skip them.
+                for out_row, token_id in zip(live[alive].tolist(), token[alive].tolist()):
+                    on_token(*owners[out_row], token_id)
             finished = torch.zeros_like(alive)
             if self.eos_ids and not params.ignore_eos:
                 finished = torch.isin(token, eos) & alive
