@@ -48,3 +48,64 @@ class SandboxUnavailableError(TidalError):
 
 class CheckpointError(TidalError):
     """A checkpoint or run folder that cannot be resumed."""
+
+
+class StoreError(TidalError):
+    """The trajectory store at `url` cannot be opened, written or read as asked."""
+
+    def __init__(self, message: str, url: str = "") -> None:
+        self.url = url
+        super().__init__(message)
+
+
+class StoreUnavailableError(StoreError):
+    """A store URL that cannot be used at all (unknown protocol, read-only, missing driver); raised
+    when the store is opened, before any trajectory is generated."""
+
+
+class StoreWriteError(StoreError):
+    """A segment could not be written (e.g. the disk is full); nothing of it is visible."""
+
+
+class CorruptSegmentError(StoreError):
+    """A segment that is torn, damaged or not a tidal segment; `segment` is its full URL."""
+
+    def __init__(self, message: str, url: str = "", segment: str = "") -> None:
+        self.segment = segment
+        super().__init__(message, url)
+
+
+class ExactlyOnceError(StoreError):
+    """Training would break exactly-once: an id trained twice, or one the store never received."""
+
+
+class EndpointError(TidalError):
+    """An OpenAI-compatible endpoint that did not answer usefully; says which URL and why."""
+
+    def __init__(self, message: str, url: str = "", status: int | None = None) -> None:
+        self.url, self.status = url, status
+        super().__init__(message)
+
+
+class EndpointAuthError(EndpointError):
+    """401/403 from an endpoint: the API key is missing or wrong. Not retried: no later call would work."""
+
+
+class EndpointConfigError(EndpointError):
+    """404 from an endpoint, or an unusable spec: the model name or base URL is wrong. Not retried."""
+
+
+class EndpointUnavailableError(EndpointError):
+    """The endpoint could not be reached, timed out, was overloaded (429) or failed (5xx). Retried."""
+
+
+class EndpointRequestError(EndpointError):
+    """The endpoint refused a request (400/413/422), e.g. a conversation over its context window."""
+
+
+class TaskFolderError(TaskFormatError):
+    """A terminal-task folder with missing or malformed files; one `FOLDER/FILE: message` per problem."""
+
+
+class EvalError(TidalError):
+    """An evaluation that cannot go on (bad arguments, an out folder of another eval)."""
