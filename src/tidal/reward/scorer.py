@@ -2,7 +2,10 @@
 
 Scoring threads mostly wait on sandbox subprocesses, so a thread pool of `sandbox.workers` is
 enough to keep that many sandboxes busy. `score_many` hands the answers to one task to the
-verifier's batch form when it has one (python_tests: one sandbox per task, not per answer).
+verifier's batch form when it has one (python_tests: forked children of a warm zygote, not one
+sandbox per answer). A backend that can keep zygotes warm (bwrap) is wrapped in a `SandboxPool` of
+`sandbox.workers` zygotes that lives as long as the scorer (or until idle), so RL steps after the
+first find pytest already imported; `close` (or leaving a `with` block) shuts it down.
 """
 
 from __future__ import annotations
@@ -14,10 +17,18 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from tidal.config.schema import RewardConfig
-from tidal.reward.registry import BatchVerifier, ScoringContext, decode_answer, get_batch_verifier, get_verifier
+from tidal.reward.registry import (
+    BatchVerifier,
+    ScoringContext,
+    decode_answer,
+    get_batch_verifier,
+    get_verifier,
+)
 from tidal.sandbox.base import SandboxBackend
+from tidal.sandbox.pool import SandboxPool
 from tidal.types import Outcome, Score, Task
 
 # Outcomes that may change on a retry (a busy host, a flaky sandbox) are not cached.
@@ -28,16 +39,19 @@ MIN_BATCH = 2  # answers per batch below which a task's answers are not split fu
 class Scorer:
     """Scores (task, answer) pairs with the verifiers the tasks name.
 
-    `backend` overrides `config.sandbox.backend` with a ready backend instance (tests, pools).
+    `backend` overrides `config.sandbox.backend` with a ready backend instance (tests, pools);
+    either way, a backend that can open zygotes is used through a `SandboxPool` of
+    `sandbox.workers` warm zygotes (one pool per environment image).
     """
 
     def __init__(self, config: RewardConfig | None = None, backend: SandboxBackend | None = None) -> None:
         self.config = config or RewardConfig()
         sandbox = self.config.sandbox
-        self.context = ScoringContext(
+        self.context = PooledContext(
             backend=backend if backend is not None else sandbox.backend,
             timeout_s=sandbox.timeout_s,
             memory_mb=sandbox.memory_mb,
+            pool_size=sandbox.workers,
         )
         self._cache: dict[tuple[str, str], Score] = {}
         self._lock = threading.Lock()
@@ -130,6 +144,43 @@ class Scorer:
     def clear_cache(self) -> None:
         with self._lock:
             self._cache.clear()
+
+    def close(self) -> None:
+        """Shut down the warm sandboxes (waiting for running jobs). Scoring again opens new ones."""
+        self.context.close()
+
+    def __enter__(self) -> Scorer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+@dataclass
+class PooledContext(ScoringContext):
+    """A scoring context that hands out each sandbox backend able to keep zygotes warm wrapped in
+    a `SandboxPool` of `pool_size` zygotes, the same pool every time; other backends as they are."""
+
+    pool_size: int = 2
+    _pools: dict[int, SandboxPool] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _pool_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+
+    def sandbox(self, image: str | None = None) -> SandboxBackend:
+        backend = super().sandbox(image)
+        if not hasattr(backend, "open_zygote"):
+            return backend
+        with self._pool_lock:
+            pool = self._pools.get(id(backend))
+            if pool is None:
+                pool = self._pools[id(backend)] = SandboxPool(backend, self.pool_size)
+            return pool
+
+    def close(self) -> None:
+        """Close every pool handed out; later calls get new ones."""
+        with self._pool_lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
 
 
 @dataclass

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
 
 from tidal.config.schema import RewardConfig, SandboxConfig
-from tidal.reward import Scorer, ScoringContext, score_answer, verifier
-from tidal.reward import registry
+from tidal.reward import Scorer, ScoringContext, registry, score_answer, verifier
+from tidal.sandbox.pool import SandboxPool
 from tidal.types import Outcome, Score, Task
 
 
@@ -83,9 +84,27 @@ def test_python_tests_through_the_scorer(sandboxed: ScoringContext) -> None:
         id="code/double", domain="code", prompt="double(x)", verifier={"name": "python_tests"},
         tests={"test_solution.py": "from solution import double\ndef test_a():\n    assert double(2) == 4\n"},
     )
-    scorer = Scorer(RewardConfig(sandbox=SandboxConfig(workers=2)), backend=sandboxed.sandbox())
-    good, bad = scorer.score_many([(task, "def double(x):\n    return 2 * x\n"), (task, "def double(x):\n    return x\n")])
+    with Scorer(RewardConfig(sandbox=SandboxConfig(workers=2)), backend=sandboxed.sandbox()) as scorer:
+        good, bad = scorer.score_many([(task, "def double(x):\n    return 2 * x\n"), (task, "def double(x):\n    return x\n")])
     assert (good.outcome, bad.outcome) == (Outcome.PASSED, Outcome.FAILED)
+
+
+def test_score_many_keeps_its_zygotes_warm_from_step_to_step(sandboxed: ScoringContext) -> None:
+    def task(name: str, factor: int) -> Task:
+        tests = f"from solution import f\ndef test_a():\n    assert f(3) == {3 * factor}\n"
+        return Task(id=f"code/{name}", domain="code", prompt=name, verifier={"name": "python_tests"},
+                    tests={"test_solution.py": tests})
+
+    double, triple = task("double", 2), task("triple", 3)
+    with Scorer(RewardConfig(sandbox=SandboxConfig(workers=1), cache=False), backend=sandboxed.sandbox()) as scorer:
+        pool = scorer.context.sandbox()
+        assert isinstance(pool, SandboxPool) and pool.size == 1  # reward.sandbox.workers
+        steps = [scorer.score_many([(double, "def f(x):\n    return 2 * x\n"), (double, "def f(x):\n    return x\n")]),
+                 scorer.score_many([(triple, "def f(x):\n    return 3 * x\n"), (triple, "def f(x):\n    return x\n")])]
+        assert [[s.outcome for s in step] for step in steps] == [[Outcome.PASSED, Outcome.FAILED]] * 2
+        assert pool.stats.started == 1 and pool.stats.jobs == 4  # one zygote served both tasks and steps
+        (pid,) = pool.zygote_pids()
+    assert pool.alive == 0 and not os.path.exists(f"/proc/{pid}")  # closed with the scorer, and reaped
 
 
 def test_score_many_hands_each_tasks_answers_to_the_batch_form(isolated_registry: None) -> None:

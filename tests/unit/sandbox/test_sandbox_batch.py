@@ -200,3 +200,25 @@ def test_files_left_outside_the_workspace_end_the_batch(bwrap: SandboxBackend) -
         assert second is None  # run alone, in a sandbox of its own
     else:
         assert first.stdout_text == "refused\n" and second is not None and second.stdout_text == "clean\n"
+
+
+def test_pytest_jobs_get_the_plugins_their_own_options_ask_for(bwrap: SandboxBackend) -> None:
+    # The zygote builds pytest's plugin manager once per set of `-p no:` options and hands each child
+    # a copy: a job without the option must still get the plugin, and the output must be a single run's.
+    tests = {"test_a.py": "def test_ok():\n    pass\n\ndef test_bad():\n    assert 1 == 2\n"}
+    seen: list[list[str]] = []
+
+    def pytest_job(*options: str) -> BatchJob:
+        argv = [bwrap.python, "-s", "-B", "-m", "pytest", "-q", "--color=no", "-p", "no:randomly", *options, "test_a.py"]
+        return BatchJob(argv, tests, Limits(timeout_s=30), env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+                        after=lambda w: seen.append(sorted(os.listdir(w))))
+
+    assert isinstance(bwrap, BatchBackend)
+    jobs = [pytest_job("-p", "no:cacheprovider"), pytest_job(), pytest_job("-pno:cacheprovider")]
+    results = bwrap.run_batch(jobs)
+    single = bwrap.run(jobs[0].argv, tests, Limits(timeout_s=30), env=jobs[0].env)
+    assert [r.exit_code if r else None for r in results] == [1, 1, 1]
+    assert results[0] is not None
+    assert results[0].stdout_text.rsplit(" in ", 1)[0] == single.stdout_text.rsplit(" in ", 1)[0]  # but the time
+    assert "1 failed, 1 passed" in single.stdout_text
+    assert [".pytest_cache" in listing for listing in seen] == [False, True, False]
