@@ -5,7 +5,8 @@ Layout of one run (`runs/<name>/`):
     run.json              marker written by `RunFolder.create` (name, creation time, format)
     config.yaml           the resolved config (written by the caller with `save_config`)
     metrics.jsonl         one JSON object per line, appended and fsynced per row
-    trajectories/         step-000123.jsonl: the episode records of one RL step
+    trajectories/         the trajectory store (Parquet segments, store.py); runs made before
+                          the store hold step-000123.jsonl files here, still readable
     checkpoints/          owned by the trainer
     eval/<tag>.jsonl      per-task eval records, e.g. eval/before.jsonl, eval/after.jsonl
     summary.json          the run's results (`write_json`)
@@ -336,10 +337,12 @@ def _last_line_start(handle: IO[bytes], size: int, block: int = 1 << 16) -> int:
 
 
 class TrajectoryWriter:
-    """Episode records of a run, one JSON-lines file per RL step, plus per-tag eval records.
+    """Episode records of a run by RL step, plus per-tag eval records.
 
-    `write_step` replaces the whole file of a step atomically, so writing a step again after a
-    resume yields the same single file, never a duplicate or a half-written one.
+    Since the trajectory store (store.py), the loop writes Parquet segments; the readers here
+    (`steps`, `read_step`, `read_all`, `find`) read the run's store and, for runs made before it,
+    its JSONL step files, so old and new runs read alike. `write_step` still writes a JSONL step
+    file, replacing the whole file atomically (for tools and tests of the JSONL format).
     """
 
     def __init__(self, run: RunFolder) -> None:
@@ -356,15 +359,32 @@ class TrajectoryWriter:
         write_jsonl_atomic(path, records)
         return path
 
-    def steps(self) -> list[int]:
-        """The steps written so far, in increasing order."""
+    def _store(self) -> Any:
+        """The run's trajectory store (read-only), or None for a run without one."""
+        from tidal.storage.store import existing_run_store
+
+        return existing_run_store(self.run)
+
+    def jsonl_steps(self) -> list[int]:
+        """The steps that have a JSONL step file (runs made before the store), in order."""
         folder = self.run.trajectories_dir
         if not folder.is_dir():
             return []
         found = (_STEP_FILE.match(entry.name) for entry in folder.iterdir())
         return sorted(int(match.group(1)) for match in found if match)
 
+    def read_jsonl_step(self, step: int) -> list[dict[str, Any]]:
+        return list(read_jsonl(self.step_path(step)))
+
+    def steps(self) -> list[int]:
+        """The steps written so far (store and JSONL), in increasing order."""
+        store = self._store()
+        return sorted(set(self.jsonl_steps()) | set(store.steps() if store else ()))
+
     def read_step(self, step: int) -> list[dict[str, Any]]:
+        store = self._store()
+        if store is not None and step in store.steps():
+            return list(store.records(step))
         path = self.step_path(step)
         if not path.is_file():
             raise CheckpointError(f"{path}: step {step} has no trajectories in {self.run.path}")
@@ -372,14 +392,28 @@ class TrajectoryWriter:
 
     def read_all(self) -> Iterator[dict[str, Any]]:
         """Every record, in step order (numeric, so step 1000000 comes after 999999)."""
-        for step in self.steps():
-            yield from read_jsonl(self.step_path(step))
+        store = self._store()
+        stored = set(store.steps()) if store else set()
+        jsonl = [step for step in self.jsonl_steps() if step not in stored]
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for record in store.records() if store else ():
+            by_step.setdefault(record["step"], []).append(record)
+        for step in sorted(stored | set(jsonl)):
+            if step in stored:
+                yield from by_step[step]
+            else:
+                yield from read_jsonl(self.step_path(step))
 
     def find(self, id: str) -> dict[str, Any] | None:
-        """The record whose `id` is `id`, or None. A linear scan: the text of the encoded id is
-        looked for first, so only candidate lines are parsed."""
+        """The record whose `id` is `id`, or None: from the store, else a linear scan of the JSONL
+        files in which the text of the encoded id is looked for first, so only candidate lines
+        are parsed."""
+        store = self._store()
+        found = store.get(id) if store else None
+        if found is not None:
+            return found
         needle = json.dumps(id, ensure_ascii=False)
-        for step in self.steps():
+        for step in self.jsonl_steps():
             path = self.step_path(step)
             with path.open(encoding="utf-8") as handle:
                 for line in handle:
