@@ -211,6 +211,45 @@ def image_list(root: Optional[Path] = typer.Option(None, help="image folder")) -
         typer.echo(f"{entry['name']:<20} {entry['hash']}  python {entry['python']}  {len(entry['packages'])} packages  {entry['path']}")
 
 
+@app.command()
+def serve(
+    model: str = typer.Option(..., help="'tiny' (built-in, random init from --seed) or a local checkpoint folder"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8000, min=0, max=65535, help="port (0 = any free port)"),
+    api_key: Optional[str] = typer.Option(
+        None, envvar="TIDAL_API_KEY", help="require 'Authorization: Bearer KEY' (default: $TIDAL_API_KEY; none = open)"
+    ),
+    max_batch: int = typer.Option(32, min=1, help="rows (prompts x n) generated together in one engine call"),
+    max_queue: int = typer.Option(64, min=1, help="requests that may wait for the engine; more get 503"),
+    max_tokens: int = typer.Option(1024, min=1, help="largest max_tokens a request may ask for"),
+    max_prompt_tokens: int = typer.Option(4096, min=1, help="longest prompt accepted (also capped by the model)"),
+    device: str = typer.Option("auto", help="auto, cpu or cuda"),
+    seed: int = typer.Option(0, help="init seed of the tiny model"),
+    threads: Optional[int] = typer.Option(None, min=1, help="torch CPU threads (default: torch's own)"),
+) -> None:
+    """An OpenAI-compatible HTTP server (/v1/models, /v1/chat/completions with tools and streaming,
+    /v1/completions, /metrics) over the embedded engine, batching concurrent requests."""
+    try:
+        import torch
+
+        from tidal.serve import ServeLimits, build_state, serve_forever
+
+        if threads:
+            torch.set_num_threads(threads)
+        limits = ServeLimits(
+            max_tokens=max_tokens,
+            default_max_tokens=min(256, max_tokens),
+            max_prompt_tokens=max_prompt_tokens,
+            max_batch=max_batch,
+            max_queue=max_queue,
+        )
+        state = build_state(model, limits, api_key=api_key, device=device, seed=seed)
+    except (TidalError, ValueError) as error:
+        _fail(error)
+    typer.echo(f"serving {state.model_id} on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""), err=True)
+    serve_forever(state, host, port)
+
+
 def main() -> None:  # pragma: no cover - entry point
     app(prog_name="tidal")
 
