@@ -72,6 +72,10 @@ class TasksConfig(Section):
     domains: dict[str, DomainConfig] = Field(description="domain name -> its tasks and weight")
     seed: int = Field(1234, description="seed of the built-in generators (train and eval differ by split)")
     tasks_per_step: int = Field(16, ge=1, le=1 << 16, description="prompts sampled per RL step")
+    quarantine: str | None = Field(
+        None, description="quarantine list written by `tidal audit --quarantine`: its tasks are never "
+        "sampled for training and are reported apart in evaluation"
+    )
 
     @model_validator(mode="after")
     def _some_weight(self) -> "TasksConfig":
@@ -148,6 +152,37 @@ class EvalConfig(Section):
     every: int = Field(0, ge=0, description="evaluate every N RL steps (0 = only before and after)")
 
 
+class WatchConfig(Section):
+    """Continuous audit during RL (audit/continuous.py): per-task signals that quarantine a task."""
+
+    enabled: bool = Field(True, description="watch every task's gate decisions and rewards during RL")
+    min_samples: int = Field(16, ge=1, description="samples of a task seen before it may be quarantined")
+    max_tamper_rate: float = Field(0.25, gt=0, le=1, description="share of a task's samples dropped as tampered")
+    short_answer_chars: int = Field(8, ge=0, description="an answer this short (stripped) counts as very short")
+    max_short_pass_groups: int = Field(2, ge=1, description="groups where every sample passed with a very short "
+                                       "answer, after which the task is quarantined")
+    max_heldout_gap: float = Field(0.6, gt=0, le=1, description="a task's mean train reward minus its domain's "
+                                   "held-out pass rate above which it is quarantined")
+
+
+class AuditConfig(Section):
+    """`tidal audit` thresholds (docs/design/audit.md) and the continuous watch."""
+
+    reference_runs: int = Field(5, ge=1, le=64, description="runs of the reference (hash seed, test order, load vary)")
+    max_mutants: int = Field(12, ge=0, le=256, description="mutants of the reference scored per task")
+    min_kill_rate: float = Field(0.6, ge=0, le=1, description="share of mutants the tests must kill (else warn)")
+    limit_margin: float = Field(2.0, ge=1, description="the reference must fit in limits / margin (else warn)")
+    null_warn_value: float = Field(0.5, ge=0, le=1, description="a null answer scoring above this warns "
+                                   "(1 quarantines, above 0 is info)")
+    leak_min_chars: int = Field(12, ge=1, description="shortest hidden text (reference, test line) searched in the prompt")
+    leak_token_overlap: float = Field(0.8, gt=0, le=1, description="share of the reference's tokens in the prompt "
+                                      "that counts as a leak")
+    near_duplicate: float = Field(0.8, gt=0, le=1, description="estimated Jaccard similarity of two tasks' "
+                                  "shingles above which they are near-duplicates")
+    policy_samples: int = Field(8, ge=1, le=1024, description="samples per task for the difficulty estimate (pass@k)")
+    watch: WatchConfig = Field(default_factory=WatchConfig)
+
+
 class RunConfig(Section):
     dir: str = Field("runs", description="parent folder of run folders")
     name: str | None = Field(None, description="run folder name (default: timestamp)")
@@ -168,4 +203,5 @@ class TidalConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
     run: RunConfig = Field(default_factory=RunConfig)

@@ -1,0 +1,121 @@
+"""Continuous audit during RL: `TaskWatch` reads each step's gated episodes per task and
+quarantines a task on the fly when its signals cross a threshold (config `audit.watch`):
+
+- **tamper rate**: the share of the task's samples the gate dropped as `tampered` reaches
+  `max_tamper_rate` (after `min_samples` samples): the policy found a way at the harness;
+- **short all-pass groups**: groups in which every sample `passed` and every answer is very short
+  (at most `short_answer_chars` stripped characters and under half the reference answer's
+  length) reach `max_short_pass_groups`: a trivial answer is being rewarded. Tasks whose right
+  answer is itself short (math, knowledge) never count here, by the reference-length condition;
+- **reward vs held-out gap**: the task's mean train reward minus its domain's latest held-out
+  pass rate (given with `set_heldout` after each evaluation) exceeds `max_heldout_gap` (after
+  `min_samples` samples): reward that does not transfer, as from a hack or a leaked answer.
+
+A quarantined task stays quarantined for the rest of the run; the loop tells the mixer to skip it
+(the mixer's state keeps the list, so a resumed run skips it too). `metrics()` gives the counts
+for the run's metrics, and every decision is logged with its numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidal.config.schema import WatchConfig
+from tidal.types import Episode, Outcome, Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TaskSignals:
+    """What the watch has seen of one task."""
+
+    samples: int = 0
+    tampered: int = 0
+    scored: int = 0  # samples with a valid reward (not infra_error or tampered)
+    reward_sum: float = 0.0
+    short_pass_groups: int = 0
+
+    @property
+    def mean_reward(self) -> float:
+        return self.reward_sum / self.scored if self.scored else 0.0
+
+
+@dataclass
+class Quarantine:
+    """One on-the-fly decision."""
+
+    task_id: str
+    reason: str
+    step: int
+
+
+@dataclass
+class TaskWatch:
+    config: WatchConfig = field(default_factory=WatchConfig)
+    signals: dict[str, TaskSignals] = field(default_factory=lambda: defaultdict(TaskSignals))
+    quarantined: dict[str, Quarantine] = field(default_factory=dict)
+    heldout: dict[str, float] = field(default_factory=dict)  # domain -> latest held-out pass rate
+
+    def set_heldout(self, pass_rates: dict[str, float | None]) -> None:
+        """The latest held-out pass rate per domain (from an evaluation)."""
+        self.heldout.update({d: r for d, r in pass_rates.items() if r is not None})
+
+    def observe(self, episodes: list[Episode], tasks: dict[str, Task], step: int) -> list[Quarantine]:
+        """Take in one step's gated episodes; return the tasks quarantined now."""
+        if not self.config.enabled:
+            return []
+        groups: dict[str, list[Episode]] = defaultdict(list)
+        for episode in episodes:
+            groups[episode.group_id].append(episode)
+            signals = self.signals[episode.task_id]
+            signals.samples += 1
+            score = episode.score
+            if episode.drop_reason == "tampered" or (score is not None and score.outcome is Outcome.TAMPERED):
+                signals.tampered += 1
+            elif score is not None and score.outcome is not Outcome.INFRA_ERROR:
+                signals.scored += 1
+                signals.reward_sum += score.value
+        for members in groups.values():
+            task = tasks.get(members[0].task_id)
+            if task is not None and self._short_all_pass(members, task):
+                self.signals[task.id].short_pass_groups += 1
+        new = []
+        for task_id in dict.fromkeys(e.task_id for e in episodes):
+            if task_id in self.quarantined:
+                continue
+            reason = self._reason(task_id, tasks.get(task_id))
+            if reason:
+                decision = Quarantine(task_id, reason, step)
+                self.quarantined[task_id] = decision
+                new.append(decision)
+                log.warning("continuous audit: task %s quarantined at step %d: %s", task_id, step, reason)
+        return new
+
+    def _short_all_pass(self, members: list[Episode], task: Task) -> bool:
+        if any(e.score is None or e.score.outcome is not Outcome.PASSED for e in members):
+            return False
+        limit = self.config.short_answer_chars
+        reference = len(task.reference.strip()) if task.reference else None
+        return all(len(e.completion.text.strip()) <= limit and (reference is None or
+                   len(e.completion.text.strip()) < reference / 2) for e in members)
+
+    def _reason(self, task_id: str, task: Task | None) -> str:
+        cfg, signals = self.config, self.signals[task_id]
+        if signals.samples >= cfg.min_samples and signals.tampered / signals.samples >= cfg.max_tamper_rate:
+            return f"tamper rate {signals.tampered}/{signals.samples} >= {cfg.max_tamper_rate:g}"
+        if signals.short_pass_groups >= cfg.max_short_pass_groups:
+            return f"{signals.short_pass_groups} groups passed entirely with very short answers"
+        heldout = self.heldout.get(task.domain) if task is not None else None
+        if heldout is not None and signals.scored >= cfg.min_samples and signals.mean_reward - heldout > cfg.max_heldout_gap:
+            return (f"train reward {signals.mean_reward:.2f} exceeds the held-out pass rate of {task.domain} "  # type: ignore[union-attr]
+                    f"({heldout:.2f}) by more than {cfg.max_heldout_gap:g}")
+        return ""
+
+    def metrics(self) -> dict[str, Any]:
+        """For the run's metrics: tasks quarantined so far, and the highest tamper rate seen."""
+        rates = [s.tampered / s.samples for s in self.signals.values() if s.samples]
+        return {"audit/quarantined": len(self.quarantined), "audit/max_tamper_rate": max(rates, default=0.0)}

@@ -1,0 +1,111 @@
+"""Check 8, `leakage`: what the model must not see, present in what it sees.
+
+Hidden: the reference, the test files, the expected answer (exact_match/math `answer` and
+`aliases`), the I/O cases' expected outputs. Visible: the prompt (every message) and the starting
+workspace (`files`). Text is compared after normalisation (NFKC, case folded, whitespace
+collapsed).
+
+- the normalised reference (at least `leak_min_chars` long) inside the visible text, or a test
+  assertion line (at least `leak_min_chars` long) inside it: `quarantine`;
+- a code reference whose tokens (words, numbers and punctuation, counted with multiplicity) are
+  at least `leak_token_overlap` present in the visible text: `warn`;
+- for text answers: the answer stated as such in the prompt ("answer: X", "the answer is X") or an
+  answer at least `leak_min_chars` long appearing verbatim: `quarantine`; a shorter answer that
+  appears as a whole word is `info`, since for many tasks (the largest of a list, a letter of a
+  word) the answer is rightly a part of the question;
+- every I/O case's expected output in the prompt (the program can print them without solving
+  anything; a few worked examples are fine): `warn`.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from typing import Any
+
+from tidal.audit.code import is_python_program, test_sources
+from tidal.audit.context import AuditContext
+from tidal.audit.records import Finding
+from tidal.reward.verifiers.python_tests import extract_code
+from tidal.types import Task
+
+CHECK = "leakage"
+TOKEN = re.compile(r"\w+|[^\w\s]")
+MIN_TOKENS = 8  # references shorter than this are not judged by token overlap
+
+
+def norm(text: str) -> str:
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def visible_text(task: Task) -> dict[str, str]:
+    """Where the model can read -> normalised text."""
+    shown = {"prompt": norm(" ".join(m["content"] for m in task.messages()))}
+    shown.update({f"files/{name}": norm(content) for name, content in task.files.items()})
+    return shown
+
+
+def _found(needle: str, shown: dict[str, str]) -> str | None:
+    return next((where for where, text in shown.items() if needle and needle in text), None)
+
+
+def _token_overlap(hidden: str, shown: str) -> float:
+    wanted = Counter(TOKEN.findall(hidden))
+    have = Counter(TOKEN.findall(shown))
+    total = sum(wanted.values())
+    return sum(min(count, have[token]) for token, count in wanted.items()) / total if total else 0.0
+
+
+def check_leakage(task: Task, ctx: AuditContext, measurements: dict[str, Any]) -> list[Finding]:
+    shown = visible_text(task)
+    minimum = ctx.config.leak_min_chars
+    findings: list[Finding] = []
+    program = is_python_program(task) or task.verifier.name in ("program_io", "efficiency", "compile")
+    if task.reference and program:
+        code = norm(extract_code(task.reference))
+        where = _found(code, shown) if len(code) >= minimum else None
+        if where:
+            findings.append(Finding(CHECK, "quarantine", f"the reference is in the {where}",
+                                    {"where": where, "leaked": code[:2000]}))
+        else:
+            overlap = max((_token_overlap(code, text) for text in shown.values()), default=0.0)
+            measurements["reference_token_overlap"] = round(overlap, 3)
+            if len(TOKEN.findall(code)) >= MIN_TOKENS and overlap >= ctx.config.leak_token_overlap:
+                findings.append(Finding(CHECK, "warn", f"{overlap:.0%} of the reference's tokens are in what the model "
+                                        "sees", {"overlap": overlap, "reference": code[:2000]}))
+    for name, source in test_sources(task).items():
+        for line in source.splitlines():
+            stripped = norm(line)
+            if stripped.startswith("assert") and len(stripped) >= minimum and (where := _found(stripped, shown)):
+                findings.append(Finding(CHECK, "quarantine", f"a test assertion of {name} is in the {where}",
+                                        {"where": where, "leaked": stripped}))
+                break
+    findings += _answer_leaks(task, shown, minimum)
+    cases = task.verifier.args.get("cases")
+    if isinstance(cases, list) and cases:
+        outputs = [norm(str(c.get("output", ""))) for c in cases if isinstance(c, dict)]
+        if outputs and all(output and _found(output, shown) for output in outputs):
+            findings.append(Finding(CHECK, "warn", f"all {len(outputs)} expected outputs are in what the model sees",
+                                    {"outputs": outputs[:20]}))
+    return findings
+
+
+def _answer_leaks(task: Task, shown: dict[str, str], minimum: int) -> list[Finding]:
+    args = task.verifier.args
+    if task.verifier.name not in ("exact_match", "math") or args.get("answer") in (None, ""):
+        return []
+    answers = [norm(str(a)) for a in [args["answer"], *(args.get("aliases") or [])] if str(a).strip()]
+    for answer in answers:
+        stated = re.compile(r"\b(?:answer|solution|result)\s*(?:is|:|=)\s*:?\s*" + re.escape(answer) + r"(?!\w)")
+        for where, text in shown.items():
+            if stated.search(text):
+                return [Finding(CHECK, "quarantine", f"the {where} states the answer",
+                                {"where": where, "answer": answer})]
+            if len(answer) >= minimum and answer in text:
+                return [Finding(CHECK, "quarantine", f"the answer appears verbatim in the {where}",
+                                {"where": where, "answer": answer})]
+            if re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", text):
+                return [Finding(CHECK, "info", f"the (short) answer appears in the {where}; fine when the task "
+                                "asks to pick it out", {"where": where, "answer": answer})]
+    return []
