@@ -250,6 +250,34 @@ def serve(
     serve_forever(state, host, port)
 
 
+@app.command()
+def audit(
+    tasks: list[Path] = typer.Argument(..., help="task files or folders"),
+    policy: Optional[str] = typer.Option(None, help="checkpoint folder (or 'tiny') for the difficulty estimate"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write every verdict and finding as JSON"),
+    html_out: Optional[Path] = typer.Option(None, "--html", help="write the HTML report"),
+    quarantine_out: Optional[Path] = typer.Option(None, "--quarantine", help="write the quarantine list (tasks.quarantine)"),
+    jobs: int = typer.Option(2, min=1, help="tasks audited at once"),
+    checks: Optional[str] = typer.Option(None, help="comma-separated checks to run (default: all)"),
+    cheap: bool = typer.Option(False, help="only the checks that score nothing (schema, leakage, duplicates, ...)"),
+    reference_runs: Optional[int] = typer.Option(None, min=1, help="runs of the reference (default 5)"),
+    backend: str = typer.Option("bwrap", help="sandbox backend: bwrap or unsafe_local"),
+) -> None:
+    """Audit tasks: a verdict (ok, warn, quarantine) per task, with findings and evidence
+    (docs/design/audit.md)."""
+    try:
+        from tidal.audit.cli_support import run_audit_command
+
+        _, lines = run_audit_command(
+            [str(p) for p in tasks], policy=policy, json_out=json_out, html_out=html_out,
+            quarantine_out=quarantine_out, jobs=jobs, checks=checks.split(",") if checks else None, cheap=cheap,
+            reference_runs=reference_runs, backend=backend,
+        )
+    except TidalError as error:
+        _fail(error)
+    typer.echo("\n".join(lines))
+
+
 def main() -> None:  # pragma: no cover - entry point
     app(prog_name="tidal")
 
