@@ -45,6 +45,10 @@ class Draft:
     tests: dict[str, str] = field(default_factory=dict)
     limits: dict[str, Any] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Agent tasks: the starting workspace, the tools and the step budget.
+    files: dict[str, str] = field(default_factory=dict)
+    tools: list[str] = field(default_factory=list)
+    max_steps: int = 1
 
 
 FamilyFunction = Callable[[random.Random, int], Draft]
@@ -163,6 +167,8 @@ def generate_tasks(
         draft = _draw(spec, rng, level, split, seen)
         seen.add(draft.key)
         extra: dict[str, Any] = {"limits": draft.limits} if draft.limits is not None else {}
+        if draft.files or draft.tools or draft.max_steps != 1:
+            extra.update(files=draft.files, tools=draft.tools, max_steps=draft.max_steps)
         tasks.append(
             Task(
                 id=f"{family}/{split}-{index:05d}",

@@ -1,0 +1,146 @@
+"""`LocalPolicy`: a local checkpoint (or the tiny model) through the EmbeddedEngine, token-in/token-out.
+
+The episode is one running list of token ids. Each turn generates from the whole list and appends
+exactly the sampled tokens (mask 1, with their sampler logprobs); the tool results are appended as
+an observation segment (mask 0) tokenised on its own. Earlier turns are never re-tokenised, so the
+tokens a trainer sees are the tokens the model produced, byte for byte, and `Completion.prompt_ids`
+of every turn is a prefix of the final list.
+
+The observation segment is what the chat template writes after an assistant turn and before the
+next generation prompt: found once per tool-message count by rendering a conversation with a
+sentinel assistant message with and without the tool messages, and keeping the difference. A
+template for which that difference is not a pure suffix (one that rewrites earlier turns) cannot
+be used token-in/token-out, and `LocalPolicy` says so when it starts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from tidal.agent.policy import Message, Turn
+from tidal.agent.toolcall import parse_tool_calls
+from tidal.errors import ModelLoadError
+from tidal.types import Task
+
+SENTINEL = "\u2063tidal-sentinel\u2063"
+
+
+class ObservationRenderer:
+    """Turns tool results into the template's text between an assistant turn and the next prompt."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        base = self._render([{"role": "user", "content": "u"}, {"role": "assistant", "content": SENTINEL}], False)
+        if SENTINEL not in base:
+            raise ModelLoadError("the chat template drops assistant messages; it cannot render an agent episode")
+        self.base = base
+        self.after_assistant = base[base.index(SENTINEL) + len(SENTINEL):]  # e.g. "<|im_end|>\n"
+        eos = tokenizer.eos_token or ""
+        self.eos_text = eos
+
+    def _render(self, messages: list[Message], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def text(self, results: list[str], ended_with_eos: bool) -> str:
+        """The observation text to append after a turn (with or without its eos token)."""
+        messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": SENTINEL}]
+        full = self._render(messages + [{"role": "tool", "content": r} for r in results], True)
+        if not full.startswith(self.base):
+            raise ModelLoadError(
+                "the chat template rewrites earlier turns when a tool message follows (its rendering is not "
+                "append-only), so an episode cannot be token-in/token-out; use a template that appends turns")
+        bridge = self.after_assistant
+        if ended_with_eos and self.eos_text and bridge.startswith(self.eos_text):
+            bridge = bridge[len(self.eos_text):]
+        return bridge + full[len(self.base):]
+
+
+class LocalConversation:
+    """One episode on the embedded engine (see the module docstring)."""
+
+    def __init__(self, policy: LocalPolicy, messages: list[Message], seed: int | None) -> None:
+        from tidal.models import render_prompt
+
+        self.policy = policy
+        self.messages = list(messages)
+        self.prompt_ids = render_prompt(policy.tokenizer, messages)
+        self.token_ids: list[int] = list(self.prompt_ids)
+        self.mask: list[int] = [0] * len(self.token_ids)  # 1 on generated tokens (the ones trained on)
+        self.logprobs: list[float] = [0.0] * len(self.token_ids)  # sampler logprobs where mask == 1
+        self.weight_versions: list[int] = []
+        self.seed = seed
+        self.turns = 0
+
+    @property
+    def context_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def generate(self, max_new_tokens: int) -> Turn:
+        from tidal.rollout import SamplingParams
+
+        policy = self.policy
+        seed = None if self.seed is None else self.seed * 1_000_003 + self.turns
+        params = SamplingParams(temperature=policy.temperature, top_p=policy.top_p,
+                                max_new_tokens=max(1, max_new_tokens), stop=list(policy.stop), seed=seed)
+        context = len(self.token_ids)
+        with policy.lock:  # one engine, many episodes: generate is not re-entrant
+            started, cpu = time.perf_counter(), time.process_time()
+            completion = policy.engine.generate([list(self.token_ids)], 1, params)[0][0]
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        self.turns += 1
+        self.token_ids += completion.token_ids
+        self.mask += [1] * len(completion.token_ids)
+        self.logprobs += completion.logprobs
+        self.weight_versions.append(completion.weight_version)
+        self._ended_with_eos = bool(completion.token_ids) and completion.token_ids[-1] in policy.engine.eos_ids
+        self.messages.append({"role": "assistant", "content": completion.text})
+        return Turn(completion.text, parse_tool_calls(completion.text), context, len(completion.token_ids),
+                    elapsed, completion.finish_reason, cpu_s=cpu)
+
+    def observe(self, turn: Turn, results: list[str]) -> None:
+        text = self.policy.renderer.text(results, getattr(self, "_ended_with_eos", False))
+        ids = list(self.policy.tokenizer.encode(text, add_special_tokens=False))
+        self.token_ids += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.messages.extend({"role": "tool", "content": r} for r in results)
+
+    def trace(self) -> dict[str, Any]:
+        return {"messages": self.messages, "prompt_ids": self.prompt_ids, "token_ids": self.token_ids,
+                "mask": self.mask, "logprobs": self.logprobs, "weight_versions": self.weight_versions}
+
+
+class LocalPolicy:
+    """A causal LM in this process. `engine` may be shared with an RL trainer (same weights)."""
+
+    def __init__(self, engine: Any, tokenizer: Any, name: str = "local", temperature: float = 0.0,
+                 top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = 0) -> None:
+        self.engine, self.tokenizer, self.name = engine, tokenizer, name
+        self.temperature, self.top_p, self.stop, self.seed = temperature, top_p, list(stop or []), seed
+        self.renderer = ObservationRenderer(tokenizer)
+        self.renderer.text(["probe"], True)  # fails now, not mid-eval, for a template that is not append-only
+        self.lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: str, device: str = "auto", **options: Any) -> LocalPolicy:
+        """`tiny` or a local Hugging Face checkpoint folder (ModelLoadError says what is wrong)."""
+        from tidal.config.schema import ModelConfig
+        from tidal.models import load_model
+        from tidal.rollout import EmbeddedEngine
+
+        loaded = load_model(ModelConfig(path=path, device=device))  # type: ignore[arg-type]
+        return cls(EmbeddedEngine(loaded.model, loaded.tokenizer), loaded.tokenizer, name=path, **options)
+
+    def start(self, task: Task, messages: list[Message], tools: list[dict[str, Any]],
+              seed: int = 0) -> LocalConversation:
+        seed = None if self.seed is None else self.seed + _stable(f"{task.id}\x00{seed}")
+        return LocalConversation(self, messages, seed)
+
+
+def _stable(text: str) -> int:
+    """A small number from `text` that does not depend on PYTHONHASHSEED."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "big")

@@ -1,0 +1,150 @@
+"""Policies: what writes the agent's turns. A protocol, and the policies that need no model.
+
+A `Policy` opens one `Conversation` per episode; the conversation generates a turn, is told the
+tool results, and generates the next. Three implementations:
+
+- `LocalPolicy` (local.py): a checkpoint or the tiny model in-process through the EmbeddedEngine,
+  token-in/token-out;
+- `EndpointPolicy` (endpoint.py): any OpenAI-compatible chat-completions endpoint, over HTTP;
+- `ScriptedPolicy` (here): replays fixed turns. It is a real policy, used where a test needs a
+  model with known behaviour (malformed calls, a reference solution), and by `OraclePolicy`,
+  which runs each task's reference script: the harness's own sanity check, as Harbor's oracle.
+
+`make_policy(spec)` picks one from a model spec: `tiny`, a checkpoint folder, `oracle`, or
+`openai:<model>@<base_url>`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tidal.agent.toolcall import ParsedTurn, format_tool_call, parse_tool_calls
+from tidal.types import Task
+
+Message = dict[str, Any]
+
+
+@dataclass
+class Turn:
+    """One model turn. Token counts are the policy's own: exact for local models, the endpoint's
+    `usage` for APIs, characters for scripted turns."""
+
+    text: str
+    parsed: ParsedTurn
+    tokens_in: int  # context tokens the model read for this turn
+    tokens_out: int  # tokens it wrote
+    generation_s: float
+    finish_reason: str = "stop"  # stop | length | tool_calls
+    cpu_s: float = 0.0  # process CPU seconds spent generating (local models)
+    call_ids: list[str] = field(default_factory=list)  # endpoint tool-call ids, to answer each one
+
+
+class Conversation(Protocol):
+    """One episode's dialogue with the model."""
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens the next turn would read (its prompt)."""
+        ...
+
+    def generate(self, max_new_tokens: int) -> Turn: ...
+
+    def observe(self, turn: Turn, results: list[str]) -> None:
+        """The tool results for `turn`: one per call when it was valid, else one error message."""
+        ...
+
+    def trace(self) -> dict[str, Any]:
+        """The episode as the policy saw it: messages; token ids, mask and logprobs for local models."""
+        ...
+
+
+class Policy(Protocol):
+    name: str
+
+    def start(self, task: Task, messages: list[Message], tools: list[dict[str, Any]], seed: int = 0) -> Conversation:
+        """A new episode; `seed` (e.g. the epoch) varies sampling between repeats of one task."""
+        ...
+
+
+# --------------------------------------------------------------------------------------- scripted
+
+
+class ScriptedConversation:
+    """Replays `outputs` one per turn; after the last one every turn is empty (a `no_call` turn)."""
+
+    def __init__(self, messages: list[Message], outputs: Sequence[str]) -> None:
+        self.messages = list(messages)
+        self.outputs = list(outputs)
+        self.turns = 0
+
+    @property
+    def context_tokens(self) -> int:
+        return sum(len(str(m.get("content", ""))) for m in self.messages)
+
+    def generate(self, max_new_tokens: int) -> Turn:
+        started = time.perf_counter()
+        text = self.outputs[self.turns] if self.turns < len(self.outputs) else ""
+        self.turns += 1
+        finish = "stop"
+        if len(text) > max_new_tokens:  # a scripted "token" is a character
+            text, finish = text[:max_new_tokens], "length"
+        context = self.context_tokens
+        self.messages.append({"role": "assistant", "content": text})
+        return Turn(text, parse_tool_calls(text), context, len(text), time.perf_counter() - started, finish)
+
+    def observe(self, turn: Turn, results: list[str]) -> None:
+        self.messages.extend({"role": "tool", "content": result} for result in results)
+
+    def trace(self) -> dict[str, Any]:
+        return {"messages": self.messages}
+
+
+class ScriptedPolicy:
+    """Replays the same fixed turns in every episode (or `outputs_for(task)` when given)."""
+
+    def __init__(self, outputs: Sequence[str] = (), name: str = "scripted",
+                 outputs_for: Callable[[Task], Sequence[str]] | None = None) -> None:
+        self.name = name
+        self.outputs = list(outputs)
+        self.outputs_for = outputs_for
+
+    def start(self, task: Task, messages: list[Message], tools: list[dict[str, Any]],
+              seed: int = 0) -> ScriptedConversation:
+        outputs = self.outputs_for(task) if self.outputs_for is not None else self.outputs
+        return ScriptedConversation(messages, outputs)
+
+
+def oracle_turns(task: Task) -> list[str]:
+    """The turns of an agent that runs the task's reference script with bash, then submits."""
+    if not task.reference:
+        return [format_tool_call("submit", {})]
+    return [format_tool_call("bash", {"command": task.reference}), format_tool_call("submit", {})]
+
+
+class OraclePolicy(ScriptedPolicy):
+    """Runs each task's reference solution: every task should pass; one that fails is broken."""
+
+    def __init__(self) -> None:
+        super().__init__(name="oracle", outputs_for=oracle_turns)
+
+
+# --------------------------------------------------------------------------------------- factory
+
+
+def make_policy(spec: str, **options: Any) -> Policy:
+    """The policy a model spec names: `tiny`, a checkpoint folder, `oracle`, `openai:<model>@<url>`.
+
+    `options` go to the policy's constructor (sampling settings, `api_key_env`, timeouts).
+    """
+    if spec == "oracle":
+        return OraclePolicy()
+    if spec.startswith("openai:"):
+        from tidal.agent.endpoint import EndpointPolicy
+
+        return EndpointPolicy.from_spec(spec, **options)
+    from tidal.agent.local import LocalPolicy
+
+    return LocalPolicy.load(spec, **options)

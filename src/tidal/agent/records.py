@@ -1,0 +1,121 @@
+"""What an episode produces: per-step records and the episode's result, with its typed outcome."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tidal.types import Score
+
+
+class AgentOutcome(str, enum.Enum):
+    """How an agent episode ended, for evaluation. Only pass/fail/step_limit/timeout/agent_error
+    say something about the model; infra and verifier errors are reported apart."""
+
+    PASS = "pass"  # the acceptance tests passed
+    FAIL = "fail"  # they did not (the agent submitted, or tampered with the tests)
+    STEP_LIMIT = "step_limit"  # the step or token budget ran out and the tests did not pass
+    TIMEOUT = "timeout"  # the wall-time budget ran out and the tests did not pass
+    AGENT_ERROR = "agent_error"  # the model's conversation could not go on (e.g. refused as too long)
+    INFRA_ERROR = "infra_error"  # the sandbox or the endpoint failed: retried, never a model failure
+    VERIFIER_ERROR = "verifier_error"  # the task's tests could not judge (a broken task)
+
+
+MODEL_OUTCOMES = (AgentOutcome.PASS, AgentOutcome.FAIL, AgentOutcome.STEP_LIMIT, AgentOutcome.TIMEOUT,
+                  AgentOutcome.AGENT_ERROR)
+
+
+class Termination(str, enum.Enum):
+    """Why the episode loop stopped (before the acceptance tests ran)."""
+
+    SUBMITTED = "submitted"
+    STEP_LIMIT = "step_limit"
+    TOKEN_LIMIT = "token_limit"
+    TIMEOUT = "timeout"
+    AGENT_ERROR = "agent_error"
+    INFRA_ERROR = "infra_error"
+    TASK_ERROR = "task_error"  # the task names a tool that does not exist
+
+
+@dataclass
+class CallRecord:
+    """One tool call of a step."""
+
+    name: str
+    arguments: str  # the JSON arguments, cut to a preview
+    ok: bool  # the tool's own success (exit code 0, file found)
+    tool_s: float
+    output_chars: int  # before truncation
+    truncated: bool
+
+
+@dataclass
+class StepRecord:
+    """One model turn and the tools it ran. Times in seconds; overhead = step wall − generation − tools."""
+
+    index: int
+    tokens_in: int
+    tokens_out: int
+    generation_s: float
+    tool_s: float
+    overhead_s: float
+    validity: str  # CallValidity value
+    error: str = ""
+    recovered: bool | None = None  # for an invalid turn: was the next turn valid (None: there was none)
+    finish_reason: str = "stop"
+    cpu_s: float = 0.0
+    text: str = ""  # the model's turn, cut to a preview
+    calls: list[CallRecord] = field(default_factory=list)
+
+
+@dataclass
+class AgentResult:
+    """One episode: its steps, how it stopped, the acceptance verdict and the outcome."""
+
+    task_id: str
+    domain: str
+    termination: Termination
+    outcome: AgentOutcome
+    steps: list[StepRecord]
+    score: Score | None
+    detail: str = ""
+    wall_s: float = 0.0
+    acceptance_s: float = 0.0
+    answer: str | None = None
+    trace: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reward(self) -> float | None:
+        """The acceptance score to train on; None for outcomes that say nothing about the model."""
+        if self.outcome in (AgentOutcome.INFRA_ERROR, AgentOutcome.VERIFIER_ERROR) or self.score is None:
+            return None
+        return self.score.value
+
+    def totals(self) -> dict[str, float]:
+        steps = self.steps
+        return {
+            "steps": len(steps),
+            "tokens_in": sum(s.tokens_in for s in steps),
+            "tokens_out": sum(s.tokens_out for s in steps),
+            "generation_s": sum(s.generation_s for s in steps),
+            "tool_s": sum(s.tool_s for s in steps),
+            "overhead_s": sum(s.overhead_s for s in steps),
+            "cpu_s": sum(s.cpu_s for s in steps),
+            "calls_valid": sum(s.validity == "valid" for s in steps),
+            "calls_invalid": sum(s.validity != "valid" for s in steps),
+            "failures_followed": sum(s.recovered is not None for s in steps),
+            "recoveries": sum(bool(s.recovered) for s in steps),
+        }
+
+    def to_record(self, with_trace: bool = True) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "task_id": self.task_id, "domain": self.domain, "termination": self.termination.value,
+            "outcome": self.outcome.value, "detail": self.detail, "wall_s": self.wall_s,
+            "acceptance_s": self.acceptance_s, "answer": self.answer,
+            "score": self.score.to_dict() if self.score else None,
+            "totals": self.totals(), "steps": [asdict(s) for s in self.steps],
+        }
+        if with_trace:
+            record["trace"] = self.trace
+        return record
