@@ -17,16 +17,22 @@ from tidal.sandbox.base import (
 )
 from tidal.sandbox.bwrap import BwrapBackend
 from tidal.sandbox.local import UnsafeLocalBackend
+from tidal.sandbox.pool import SandboxPool
+from tidal.sandbox.session import SandboxSession, Snapshot, open_session
 
 __all__ = [
     "BatchBackend",
     "BatchJob",
     "BwrapBackend",
     "SandboxBackend",
+    "SandboxPool",
     "SandboxResult",
+    "SandboxSession",
     "SandboxStatus",
+    "Snapshot",
     "UnsafeLocalBackend",
     "get_backend",
     "known_backends",
+    "open_session",
     "register_backend",
 ]

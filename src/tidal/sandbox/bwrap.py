@@ -79,6 +79,7 @@ SITE_ROOT = "/opt/tidal/site"
 HARNESS_ROOT = "/opt/tidal/harness"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 INSTALL_HINT = "install bubblewrap: apt-get install bubblewrap (Debian/Ubuntu) or dnf install bubblewrap"
+ZYGOTE_MEMORY_MB = 256  # a zygote's own resident memory (interpreter, pytest), beside its widest job
 HANDSHAKE_S = 10.0  # how long bwrap may take to report its child before the sandbox counts as broken
 
 
@@ -530,6 +531,15 @@ class BwrapBackend:
         stack.callback(ours.close)
         try:
             workspace = self._prepare(run_dir, {**(harness_files or {}), ZYGOTE_FILE: ZYGOTE_SOURCE})
+            # The jobs' folders live (one at a time) in a tmpfs of the widest job's disk size, and
+            # the whole sandbox in one cgroup: the widest job's memory plus the zygote's own.
+            self.prepare_workspace(workspace, limits)
+            stack.callback(self.release_workspace, workspace)
+            group = None
+            if self.cgroups is not None:
+                group = self.cgroups.create(limits.memory_mb + ZYGOTE_MEMORY_MB, limits.pids + 1, limits.cpus)
+                if group is not None:
+                    stack.callback(group.remove)
             env = self._env(None, None)
             env[CONTROL_ENV] = str(theirs.fileno())
             command = [self.python, *flags, f"{HARNESS_ROOT}/{ZYGOTE_FILE}", WORKSPACE, *preload]
@@ -544,7 +554,7 @@ class BwrapBackend:
                 output_cap=self.output_cap,
                 report_cap=self.report_cap,
             )
-            process, _ = stack.enter_context(self._started(run_dir, inner + command, env, [theirs.fileno()]))
+            process, _ = stack.enter_context(self._started(run_dir, inner + command, env, [theirs.fileno()], group))
             theirs.close()
             assert process.stdout is not None and process.stderr is not None
             driver = BatchDriver(ours, [process.stdout.fileno(), process.stderr.fileno()], layout)

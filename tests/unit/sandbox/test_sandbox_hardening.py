@@ -214,3 +214,34 @@ print("lock", lock.acquire(timeout=1))
     lines = result.stdout.decode().splitlines()
     assert lines == ["/x 30", "/opt/x 30", "/opt/tidal/site/x 30", "/usr/x 30", "/tmp/x written",
                      "/dev/shm/x written", "/workspace/x written", "lock True"], result.stderr
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, pending = [], [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def test_a_zygote_sandbox_is_in_one_cgroup_with_a_tmpfs_workspace(cgrouped: SandboxBackend) -> None:
+    zygote = cgrouped.open_zygote([], Limits(timeout_s=10, memory_mb=256, disk_mb=32))
+    try:
+        inside = _descendants(zygote.pid)
+        assert inside
+        memberships = {Path(f"/proc/{pid}/cgroup").read_text() for pid in inside}
+        assert all("tidal-" in text for text in memberships)
+        assert len(memberships) == 1  # one cgroup for the whole sandbox
+        mounts = Path("/proc/self/mounts").read_text()
+        assert "tidal-workspace" in mounts and "size=32768k" in mounts
+    finally:
+        zygote.close()
