@@ -1,0 +1,216 @@
+"""`report.html` of an evaluation: one self-contained file (inline CSS and SVG, no scripts).
+
+Sections: the selection checklist of each model (pass/fail per threshold, with links into the
+per-task traces that explain a failure); outcomes; pass rate per domain with Wilson intervals;
+cost against pass rate; success against the step budget; the latency split (generation, tools,
+overhead); distributions; every task's outcome per epoch, linked to its trace. Several evals
+(the candidate and its baselines) share one report. Text from records is HTML-escaped and a
+Content-Security-Policy forbids scripts, as in report.py, whose drawing helpers this reuses.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tidal.eval.report import CSS, PALETTE, _e, _error_bar, _Frame, _legend, _Line, _line_chart, _nice_ticks, _tick_format, _title
+from tidal.storage.run import atomic_writer
+
+SPLIT_COLORS = {"generation_s": "#4269d0", "tool_s": "#efb118", "overhead_s": "#9498a0"}
+EXTRA_CSS = """
+table { border-collapse: collapse; width: 100%; font-size: 13px; }
+th, td { border-bottom: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
+.ok { color: #1a7f37; font-weight: 600; } .bad { color: #cf222e; font-weight: 600; } .na { color: #6b7280; }
+.legend span { margin-right: 14px; } .legend i { display:inline-block; width:10px; height:10px; margin-right:4px; }
+svg text { font-size: 11px; fill: #374151; } svg text.title { font-size: 13px; font-weight: 600; }
+"""
+
+
+@dataclass
+class EvalView:
+    """One eval as the report shows it."""
+
+    name: str
+    folder: Path
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+    checklist: list[dict[str, Any]]
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{100 * float(value):.1f}%"
+
+
+def _num(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value):.4g}"
+
+
+def _href(view: EvalView, trace: str, report_dir: Path) -> str:
+    return _e(os.path.relpath(view.folder / trace, report_dir)) if trace else ""
+
+
+def _checklist_section(views: list[EvalView], report_dir: Path) -> str:
+    parts = ["<section><h2>Selection checklist</h2>"]
+    for view in views:
+        verdicts = [item["passed"] for item in view.checklist]
+        overall = "bad" if False in verdicts else "ok" if verdicts and all(verdicts) else "na"
+        word = {"ok": "PASS", "bad": "FAIL", "na": "INCOMPLETE"}[overall]
+        parts.append(f'<h3>{_e(view.name)}: <span class="{overall}">{word}</span></h3><table>'
+                     "<tr><th>item</th><th>threshold</th><th>value</th><th>verdict</th><th>detail</th><th>traces</th></tr>")
+        for item in view.checklist:
+            mark = {True: '<span class="ok">pass</span>', False: '<span class="bad">fail</span>',
+                    None: '<span class="na">n/a</span>'}[item["passed"]]
+            links = " ".join(f'<a href="{_href(view, link["trace"], report_dir)}" title="{_e(link["note"])}">'
+                             f'{_e(link["task_id"])}#{link["epoch"]}</a>' for link in item["links"])
+            value = item["value"]
+            shown = _num(value) if item["name"] == "cost per task" else _pct(value)
+            if item["name"].startswith("non-inferior") and value is not None:
+                shown = f"{100 * value:+.1f} pts"
+            parts.append(f"<tr><td>{_e(item['name'])}</td><td>{_e(item['threshold'])}</td><td>{_e(shown)}</td>"
+                         f"<td>{mark}</td><td>{_e(item['detail'])}</td><td>{links}</td></tr>")
+        parts.append("</table>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _outcomes_section(views: list[EvalView]) -> str:
+    names = sorted({o for v in views for o in v.summary["outcomes"]})
+    head = "".join(f"<th>{_e(n)}</th>" for n in names)
+    rows = []
+    for view in views:
+        s = view.summary
+        cells = "".join(f"<td>{s['outcomes'].get(n, 0)}</td>" for n in names)
+        ci = "–".join(_pct(v) for v in s["ci"])
+        hat = ", ".join(f"^{k} {_pct(v)}" for k, v in s["pass_hat_k"].items())
+        at = ", ".join(f"@{k} {_pct(v)}" for k, v in s["pass_at_k"].items())
+        se = s.get("cluster_se_group") or s.get("cluster_se_task")
+        rows.append(f"<tr><td>{_e(view.name)}</td><td>{_pct(s['pass_rate'])} ({ci})</td>"
+                    f"<td>{_e(at)}</td><td>{_e(hat)}</td><td>{_num(se)}</td>"
+                    f"<td>{_pct(s['format_compliance'])}</td><td>{_pct(s['recovery_rate'])}</td>{cells}</tr>")
+    return ("<section><h2>Outcomes</h2><p class='sub'>infra_error and verifier_error are reported apart and left "
+            "out of every rate.</p><table><tr><th>model</th><th>pass rate (Wilson 95%)</th><th>pass@k</th>"
+            f"<th>pass^k</th><th>cluster SE</th><th>format compliance</th><th>recovery</th>{head}</tr>"
+            + "".join(rows) + "</table></section>")
+
+
+def _domain_chart(views: list[EvalView]) -> str:
+    domains = sorted({d for v in views for d in v.summary["domains"]})
+    if not domains:
+        return ""
+    group = 30.0 * len(views) + 30
+    frame = _Frame(max(420.0, 70 + group * len(domains)), 300, left=48, right=12, top=30, bottom=42)
+    parts = [frame.open("pass rate per domain"), _title(frame, "Pass rate per domain (Wilson 95%)")]
+    parts.append(frame.y_grid([0.0, 0.25, 0.5, 0.75, 1.0], lambda v: f"{100 * v:.0f}%"))
+    parts.append(frame.x_ticks([], str))
+    for index, domain in enumerate(domains):
+        start = frame.left + group * index + 15
+        for column, view in enumerate(views):
+            entry = view.summary["domains"].get(domain)
+            if not entry or entry["pass_rate"] is None:
+                continue
+            x, color = start + 30 * column, PALETTE[column % len(PALETTE)]
+            top = frame.y(entry["pass_rate"])
+            parts.append(f'<rect x="{x:.1f}" y="{top:.1f}" width="24" height="{frame.y(0) - top:.1f}" fill="{color}">'
+                         f"<title>{_e(view.name)} {_e(domain)}: {_pct(entry['pass_rate'])} of {entry['n']}</title></rect>")
+            low, high = entry["ci"]
+            parts.append(_error_bar(x + 12, frame.y(low), frame.y(high), "#374151", f"{domain}: {_pct(low)}–{_pct(high)}"))
+        parts.append(f'<text x="{start + 15 * len(views):.1f}" y="{frame.height - frame.bottom + 16:.1f}" '
+                     f'text-anchor="middle">{_e(domain[:12])}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _cost_chart(views: list[EvalView]) -> str:
+    points = [(float(v.summary.get("cost_per_task") or 0.0), v) for v in views if v.summary["pass_rate"] is not None]
+    if not points:
+        return ""
+    frame = _Frame(440, 280, left=52, right=16, top=30, bottom=36)
+    ticks, step = _nice_ticks(0.0, max(c for c, _ in points) or 1.0, count=4)
+    frame.x_range, frame.y_range = (ticks[0], ticks[-1]), (0.0, 1.0)
+    parts = [frame.open("cost against pass rate"), _title(frame, "Cost per task vs pass rate")]
+    parts.append(frame.y_grid([0.0, 0.25, 0.5, 0.75, 1.0], lambda v: f"{100 * v:.0f}%"))
+    parts.append(frame.x_ticks(ticks, _tick_format(step, max(abs(t) for t in ticks))))
+    for index, (cost, view) in enumerate(points):
+        color, s = PALETTE[index % len(PALETTE)], view.summary
+        low, high = s["ci"]
+        parts.append(_error_bar(frame.x(cost), frame.y(low), frame.y(high), color, f"{view.name}: {_pct(low)}–{_pct(high)}"))
+        parts.append(f'<circle cx="{frame.x(cost):.1f}" cy="{frame.y(s["pass_rate"]):.1f}" r="5" fill="{color}">'
+                     f"<title>{_e(view.name)}: cost {cost:.4g}, pass {_pct(s['pass_rate'])}</title></circle>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _latency_chart(views: list[EvalView]) -> str:
+    frame = _Frame(640, 50 + 34 * len(views), left=150, right=20, top=30, bottom=26)
+    means = [{k: v.summary["latency_split"][k] / max(1, v.summary["scored"]) for k in SPLIT_COLORS} for v in views]
+    largest = max([sum(m.values()) for m in means] + [1e-9])
+    ticks, step = _nice_ticks(0.0, largest, count=4)
+    frame.x_range = (0.0, ticks[-1])
+    parts = [frame.open("latency split"), _title(frame, "Mean latency per episode: generation + tools + overhead (s)")]
+    parts.append(frame.x_ticks(ticks, _tick_format(step, ticks[-1] or 1.0), grid=True))
+    for row, (view, mean) in enumerate(zip(views, means)):
+        y, x = frame.top + 34 * row + 6, frame.x(0.0)
+        parts.append(f'<text x="{frame.left - 8:.1f}" y="{y + 14:.1f}" text-anchor="end">{_e(view.name[:22])}</text>')
+        for key, color in SPLIT_COLORS.items():
+            width = frame.x(mean[key]) - frame.x(0.0)
+            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(0.0, width):.1f}" height="20" fill="{color}">'
+                         f"<title>{_e(view.name)} {key[:-2]}: {mean[key]:.3g} s</title></rect>")
+            x += max(0.0, width)
+    parts.append("</svg>")
+    return "".join(parts) + _legend([(k[:-2], c) for k, c in SPLIT_COLORS.items()])
+
+
+def _distribution_section(views: list[EvalView]) -> str:
+    rows = []
+    for view in views:
+        for key, dist in view.summary["distributions"].items():
+            if dist:
+                rows.append(f"<tr><td>{_e(view.name)}</td><td>{_e(key)}</td>"
+                            + "".join(f"<td>{dist[s]:.4g}</td>" for s in ("mean", "p50", "p90", "max", "sum")) + "</tr>")
+    return ("<section><h2>Distributions (scored episodes)</h2><table><tr><th>model</th><th>metric</th><th>mean</th>"
+            "<th>p50</th><th>p90</th><th>max</th><th>total</th></tr>" + "".join(rows) + "</table></section>")
+
+
+def _task_section(view: EvalView, report_dir: Path) -> str:
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for record in sorted(view.records, key=lambda r: (r["task_id"], r["epoch"])):
+        by_task.setdefault(record["task_id"], []).append(record)
+    rows = []
+    for task_id, records in by_task.items():
+        cells = " ".join(
+            f'<a class="{"ok" if r["passed"] else "bad"}" href="{_href(view, r.get("trace", ""), report_dir)}" '
+            f'title="{_e(r.get("detail", ""))}">{_e(r["outcome"])}#{r["epoch"]}</a>' for r in records)
+        rows.append(f"<tr><td>{_e(task_id)}</td><td>{_e(records[0]['domain'])}</td><td>{cells}</td>"
+                    f"<td>{sum(int(r.get('steps', 0)) for r in records) / len(records):.1f}</td></tr>")
+    return (f"<section><h2>Tasks: {_e(view.name)}</h2><table><tr><th>task</th><th>domain</th><th>outcome per epoch "
+            "(links to traces)</th><th>mean steps</th></tr>" + "".join(rows) + "</table></section>")
+
+
+def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Agent evaluation") -> str:
+    """The report's HTML for `views` (the first is the candidate), links relative to `report_dir`."""
+    lines = [_Line(v.name, PALETTE[i % len(PALETTE)], [(float(b), float(p)) for b, p in v.summary["success_by_steps"]])
+             for i, v in enumerate(views)]
+    budget = _line_chart(lines, "Success within b steps (share of episodes)") if any(l.points for l in lines) else ""
+    body = [
+        f"<h1>{_e(title)}</h1><p class='sub'>{_e(', '.join(v.name for v in views))}</p>",
+        _checklist_section(views, report_dir),
+        _outcomes_section(views),
+        "<section><h2>Pass rate and cost</h2>" + _domain_chart(views) + _cost_chart(views)
+        + _legend([(v.name, PALETTE[i % len(PALETTE)]) for i, v in enumerate(views)]) + "</section>",
+        f"<section><h2>Success against the step budget</h2>{budget}</section>",
+        f"<section><h2>Latency</h2>{_latency_chart(views)}</section>",
+        _distribution_section(views),
+        *[_task_section(v, report_dir) for v in views],
+    ]
+    return ("<!doctype html><html><head><meta charset='utf-8'>"
+            "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">"
+            f"<title>{_e(title)}</title><style>{CSS}{EXTRA_CSS}</style></head><body><main>"
+            + "".join(body) + "</main></body></html>")
+
+
+def write_eval_report(views: list[EvalView], path: Path, title: str = "Agent evaluation") -> Path:
+    with atomic_writer(path) as handle:
+        handle.write(render_eval_report(views, path.parent, title))
+    return path

@@ -1,0 +1,105 @@
+"""Metrics of an evaluation, from its results records (harness.py), with their uncertainty.
+
+- outcomes: counts of every outcome; infra and verifier errors are reported apart and left out of
+  every rate (they say nothing about the model);
+- pass rate with a Wilson interval over episodes, and a cluster-robust standard error
+  (compare.cluster_se) with tasks as clusters when there are several epochs, or with the tasks'
+  `group` when tasks share one;
+- pass@k (unbiased, 1 − C(n−c,k)/C(n,k)) and pass^k (C(c,k)/C(n,k)) averaged over tasks, for
+  k = 1..epochs;
+- per domain: episodes, pass rate, Wilson interval;
+- distributions (mean, p50, p90, max) of steps, tokens, cost and latency, and the latency split
+  Σ generation + Σ tool + Σ overhead;
+- tool-call format compliance (valid turns / turns) and recovery (invalid turns followed by a
+  valid one / invalid turns that had a next turn);
+- success against the step budget: the share of episodes that passed within b steps, for each b.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tidal.agent.records import AgentOutcome
+from tidal.eval.stats import pass_at_k, pass_hat_k, wilson_interval
+
+APART = {AgentOutcome.INFRA_ERROR.value, AgentOutcome.VERIFIER_ERROR.value}
+DISTRIBUTED = ("steps", "tokens_in", "tokens_out", "cost", "latency_s", "generation_s", "tool_s", "overhead_s")
+
+
+def distribution(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    array = np.asarray(values, dtype=np.float64)
+    return {"mean": float(array.mean()), "p50": float(np.percentile(array, 50)),
+            "p90": float(np.percentile(array, 90)), "max": float(array.max()), "sum": float(array.sum())}
+
+
+def _cluster_se(values: list[float], groups: list[str]) -> float | None:
+    from tidal.eval.compare import cluster_se
+
+    if len(set(groups)) < 2:
+        return None
+    value = cluster_se(values, groups)
+    return value if math.isfinite(value) else None
+
+
+def _rate(passed: int, n: int) -> dict[str, Any]:
+    low, high = wilson_interval(passed, n)
+    return {"n": n, "passed": passed, "pass_rate": passed / n if n else None, "ci": [low, high]}
+
+
+def summarize(records: Sequence[dict[str, Any]], epochs: int = 1) -> dict[str, Any]:
+    """The metrics of one eval's records (one per task and epoch; see the module docstring)."""
+    outcomes: dict[str, int] = defaultdict(int)
+    for record in records:
+        outcomes[record["outcome"]] += 1
+    scored = [r for r in records if r["outcome"] not in APART]
+    passes = [1.0 if r["passed"] else 0.0 for r in scored]
+    summary: dict[str, Any] = {
+        "episodes": len(records), "scored": len(scored), "outcomes": dict(sorted(outcomes.items())),
+        "infra_errors": outcomes.get(AgentOutcome.INFRA_ERROR.value, 0),
+        "verifier_errors": outcomes.get(AgentOutcome.VERIFIER_ERROR.value, 0),
+        **_rate(int(sum(passes)), len(scored)),
+    }
+    by_task = [str(r["task_id"]) for r in scored]
+    by_group = [str(r.get("group") or r["task_id"]) for r in scored]
+    summary["cluster_se_task"] = _cluster_se(passes, by_task) if len(set(by_task)) < len(by_task) else None
+    summary["cluster_se_group"] = _cluster_se(passes, by_group) if len(set(by_group)) < len(set(by_task)) else None
+
+    per_task: dict[str, list[bool]] = defaultdict(list)
+    for record in scored:
+        per_task[record["task_id"]].append(bool(record["passed"]))
+    pass_k: dict[str, float] = {}
+    hat_k: dict[str, float] = {}
+    for k in range(1, max(1, epochs) + 1):
+        eligible = [v for v in per_task.values() if len(v) >= k]
+        if eligible:
+            pass_k[str(k)] = float(np.mean([pass_at_k(len(v), sum(v), k) for v in eligible]))
+            hat_k[str(k)] = float(np.mean([pass_hat_k(len(v), sum(v), k) for v in eligible]))
+    summary["pass_at_k"], summary["pass_hat_k"] = pass_k, hat_k
+
+    domains: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in scored:
+        domains[record["domain"]].append(record)
+    summary["domains"] = {d: _rate(sum(bool(r["passed"]) for r in rs), len(rs)) for d, rs in sorted(domains.items())}
+
+    summary["distributions"] = {key: distribution([float(r.get(key) or 0.0) for r in scored]) for key in DISTRIBUTED}
+    turns = sum(int(r.get("steps", 0)) for r in scored)
+    valid = sum(int(r.get("calls_valid", 0)) for r in scored)
+    followed = sum(int(r.get("failures_followed", 0)) for r in scored)
+    recovered = sum(int(r.get("recoveries", 0)) for r in scored)
+    summary["format_compliance"] = valid / turns if turns else None
+    summary["recovery_rate"] = recovered / followed if followed else None
+    summary["latency_split"] = {key: float(sum(float(r.get(key) or 0.0) for r in scored))
+                                for key in ("generation_s", "tool_s", "overhead_s")}
+    summary["cost_per_task"] = float(np.mean([float(r.get("cost") or 0.0) for r in scored])) if scored else None
+    budget = max([int(r.get("max_steps") or 0) for r in scored] + [int(r.get("steps", 0)) for r in scored] + [0])
+    summary["success_by_steps"] = [
+        [b, sum(1 for r in scored if r["passed"] and int(r.get("steps", 0)) <= b) / len(scored)]
+        for b in range(1, budget + 1)] if scored else []
+    return summary

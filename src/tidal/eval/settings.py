@@ -1,0 +1,91 @@
+"""The evaluation config: episode budgets, retries, prices and the selection checklist (YAML).
+
+`configs/eval.yaml` is the shipped default; `load_eval_settings(path)` validates a file and
+reports every problem at once (`ConfigError`). Prices are matched to the model spec by the
+longest key that is a prefix of it, so `openai:gpt-4o` prices `openai:gpt-4o@https://...`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tidal.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Price(_Section):
+    """What one model costs: per million tokens for APIs, per hour of compute for local models."""
+
+    input_per_mtok: float = Field(0.0, ge=0, description="currency per 1M prompt tokens")
+    output_per_mtok: float = Field(0.0, ge=0, description="currency per 1M completion tokens")
+    cpu_hour: float = Field(0.0, ge=0, description="currency per CPU-hour of generation (local models)")
+
+
+class Budgets(_Section):
+    """Per-episode budgets (agent.runner.AgentConfig)."""
+
+    max_steps: int | None = Field(None, ge=1, le=10_000, description="model turns; null: each task's max_steps")
+    max_tokens: int = Field(32768, ge=64, description="context tokens an episode may reach")
+    max_new_tokens: int = Field(1024, ge=1, description="tokens per turn")
+    wall_time_s: float = Field(600.0, gt=0, description="wall time of one episode (tests excluded)")
+    max_observation_chars: int = Field(8000, ge=100, description="tool output shown to the model; longer is cut")
+
+
+class Retries(_Section):
+    """Infra errors (sandbox or endpoint down) are retried with exponential backoff."""
+
+    attempts: int = Field(3, ge=1, le=20, description="tries per (task, epoch), the first included")
+    backoff_s: float = Field(2.0, ge=0, description="wait before the first retry; doubles each time")
+    backoff_max_s: float = Field(60.0, ge=0, description="longest wait between tries")
+
+
+class Checklist(_Section):
+    """Thresholds of the selection checklist; a null threshold leaves its item out."""
+
+    non_inferiority_margin: float | None = Field(0.05, ge=0, le=1, description=(
+        "a candidate passes when the lower 95% bound of (its pass rate - the baseline's) is above -margin"))
+    cost_cap: float | None = Field(None, ge=0, description="highest mean cost per task")
+    format_compliance_floor: float | None = Field(0.9, ge=0, le=1, description="lowest share of valid tool-call turns")
+    pass_hat_k_floor: float | None = Field(None, ge=0, le=1, description="lowest pass^k (k = the epochs)")
+    min_pass_rate: float | None = Field(None, ge=0, le=1, description="lowest pass rate")
+
+
+class EvalSettings(_Section):
+    backend: str = Field("bwrap", description="sandbox backend: bwrap, or unsafe_local for development")
+    budgets: Budgets = Field(default_factory=Budgets)
+    retries: Retries = Field(default_factory=Retries)
+    temperature: float = Field(0.0, ge=0, le=2, description="sampling temperature (0 = greedy)")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the endpoint's key")
+    request_timeout_s: float = Field(120.0, gt=0, description="one HTTP request to an endpoint")
+    prices: dict[str, Price] = Field(default_factory=dict, description="model spec prefix -> price")
+    checklist: Checklist = Field(default_factory=Checklist)
+
+    def price(self, model: str) -> Price:
+        keys = [k for k in self.prices if model.startswith(k)]
+        return self.prices[max(keys, key=len)] if keys else Price()
+
+
+def load_eval_settings(path: str | Path | None) -> EvalSettings:
+    """The settings in `path` (YAML), or the defaults when None."""
+    if path is None:
+        return EvalSettings()
+    path = Path(path)
+    try:
+        data: Any = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise ConfigError([f"cannot read: {error}"], source=str(path)) from None
+    if not isinstance(data, dict):
+        raise ConfigError(["(root): an eval config is a mapping"], source=str(path))
+    try:
+        return EvalSettings.model_validate(data)
+    except ValidationError as error:
+        from tidal.config.load import format_validation_error
+
+        raise ConfigError(format_validation_error(error, EvalSettings), source=str(path)) from None
