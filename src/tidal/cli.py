@@ -155,6 +155,39 @@ def compare(
         typer.echo("\n\n".join(format_comparison(r) for r in results))
 
 
+@app.command("eval")
+def eval_command(
+    model: str = typer.Option(..., "--model", help="tiny, a checkpoint folder, oracle, or openai:<model>@<base_url>"),
+    tasks: list[Path] = typer.Option(..., "--tasks", help="task files, task folders, or folders of them"),
+    more_tasks: Optional[list[Path]] = typer.Argument(None, help="more task paths (--tasks A B C)"),
+    epochs: int = typer.Option(1, min=1, help="episodes per task (pass@k, pass^k up to k = epochs)"),
+    concurrency: int = typer.Option(1, min=1, help="episodes at a time"),
+    out: Path = typer.Option(Path("evals/latest"), help="eval folder; rerunning into it resumes"),
+    config: Optional[Path] = typer.Option(None, help="eval config: budgets, prices, checklist (configs/eval.yaml)"),
+    baseline: Optional[list[Path]] = typer.Option(None, help="eval folder(s) to compare with in the report"),
+) -> None:
+    """Evaluate a model as an agent on tasks in sandboxes: results.jsonl as episodes finish, then
+    summary.json and report.html with the selection checklist. Exits 3 when infra errors remain."""
+    try:
+        from tidal.eval.harness import evaluate
+        from tidal.eval.settings import load_eval_settings
+
+        def progress(record: dict) -> None:
+            typer.echo(f"{record['task_id']} #{record['epoch']}: {record['outcome']} ({record['steps']} steps)")
+
+        summary = evaluate(model, [*tasks, *(more_tasks or [])], out, epochs=epochs, concurrency=concurrency,
+                           settings=load_eval_settings(config), baselines=list(baseline or []), on_result=progress)
+    except TidalError as error:
+        _fail(error)
+    rate = "n/a" if summary["pass_rate"] is None else f"{100 * summary['pass_rate']:.1f}%"
+    typer.echo(f"pass rate {rate} over {summary['scored']} episodes ({summary['ran']} run now, "
+               f"{summary['skipped']} already done); report: {out / 'report.html'}")
+    if summary["infra_errors"]:
+        typer.secho(f"{summary['infra_errors']} episode(s) ended in infra errors (not counted); rerun the same "
+                    "command to retry them", fg="yellow", err=True)
+        raise typer.Exit(3)
+
+
 @sandbox_app.command("run", context_settings={"allow_interspersed_args": False})
 def sandbox_run(
     command: list[str] = typer.Argument(..., help="the command (after --); python3 means the image's"),
