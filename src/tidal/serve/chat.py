@@ -3,8 +3,9 @@
 The tool-call format is Qwen2.5's (Hermes-style), so a Qwen checkpoint already speaks it and the
 built-in ChatML template needs nothing new:
 
-- the tools' JSON schemas go into the system message, one JSON object per line inside
-  `<tools></tools>`, with the instruction to answer with tool calls;
+- the tools' JSON schemas go into the system message, one compact JSON object per line inside
+  `<tools></tools>`, with a one-line instruction (shorter than Qwen's: tiny models have small
+  contexts);
 - the model calls a tool by writing, after any plain text,
   `<tool_call>\\n{"name": "<function>", "arguments": {...}}\\n</tool_call>`, one block per call;
 - an assistant message with `tool_calls` is rendered back in that same form, and a `tool` message as a
@@ -25,19 +26,13 @@ from typing import Any
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 
+# Short on purpose: byte-level tiny models have contexts of a few hundred tokens.
 _TOOLS_PROMPT = """# Tools
-
-You may call one or more functions to assist with the user query.
-
-You are provided with function signatures within <tools></tools> XML tags:
+You may call these functions:
 <tools>
 {tools}
 </tools>
-
-For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
-<tool_call>
-{{"name": <function-name>, "arguments": <args-json-object>}}
-</tool_call>"""
+To call one, answer with <tool_call>{{"name": <function-name>, "arguments": <args-json-object>}}</tool_call>"""
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
@@ -103,7 +98,7 @@ def render_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] 
             role, content = "user", f"<tool_response>\n{content}\n</tool_response>"
         rendered.append({"role": role, "content": content})
     if tools:
-        declared = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+        declared = "\n".join(json.dumps(tool, ensure_ascii=False, separators=(",", ":")) for tool in tools)
         system = _TOOLS_PROMPT.format(tools=declared)
         if rendered and rendered[0]["role"] == "system":
             rendered[0] = {"role": "system", "content": rendered[0]["content"] + "\n\n" + system}

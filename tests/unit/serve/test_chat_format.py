@@ -84,7 +84,7 @@ def test_plain_messages_render_exactly_as_in_process() -> None:
 
 def test_tools_go_into_the_system_message() -> None:
     alone = render_messages([{"role": "user", "content": "weather?"}], [WEATHER])
-    assert alone[0]["role"] == "system" and json.dumps(WEATHER) in alone[0]["content"]
+    assert alone[0]["role"] == "system" and json.dumps(WEATHER, separators=(",", ":")) in alone[0]["content"]
     assert "<tool_call>" in alone[0]["content"] and alone[1] == {"role": "user", "content": "weather?"}
     merged = render_messages([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}], [WEATHER])
     assert len(merged) == 2 and merged[0]["content"].startswith("Be brief.\n\n# Tools")
