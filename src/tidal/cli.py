@@ -24,6 +24,8 @@ sandbox_app = typer.Typer(help="Run commands in the sandbox.", no_args_is_help=T
 app.add_typer(sandbox_app, name="sandbox")
 image_app = typer.Typer(help="Build and list sandbox environment images.", no_args_is_help=True)
 app.add_typer(image_app, name="image")
+trajectories_app = typer.Typer(help="Query and show a run's stored trajectories.", no_args_is_help=True)
+app.add_typer(trajectories_app, name="trajectories")
 
 
 def _fail(error: Exception) -> NoReturn:
@@ -242,6 +244,65 @@ def image_list(root: Optional[Path] = typer.Option(None, help="image folder")) -
 
     for entry in list_images(root):
         typer.echo(f"{entry['name']:<20} {entry['hash']}  python {entry['python']}  {len(entry['packages'])} packages  {entry['path']}")
+
+
+@trajectories_app.command("query")
+def trajectories_query(
+    run: str = typer.Argument(..., help="run folder, or a trajectory store URL"),
+    sql: str = typer.Argument(..., help="DuckDB SQL over the views trajectories, trajectories_all, trained, ledger"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON lines instead of a table"),
+    lenient: bool = typer.Option(False, help="skip corrupt segments (with a warning) instead of failing"),
+    max_width: int = typer.Option(60, min=8, help="cut table cells to this many characters"),
+) -> None:
+    """Run SQL with DuckDB over a run's trajectory segments, e.g.
+    "SELECT domain, avg(reward) FROM trajectories GROUP BY domain"."""
+    try:
+        from rich.console import Console
+
+        from tidal.storage.cli_support import print_table, resolve_store
+        from tidal.storage.query import rows_of, run_query
+        from tidal.storage.run import dumps
+
+        result = run_query(resolve_store(run, strict=not lenient), sql)
+    except TidalError as error:
+        _fail(error)
+    rows = rows_of(result)
+    if as_json:
+        for row in rows:
+            typer.echo(dumps(row))
+        return
+    print_table(rows, result.column_names, Console(width=200), max_width)
+
+
+@trajectories_app.command("show")
+def trajectories_show(
+    run: str = typer.Argument(..., help="run folder, or a trajectory store URL"),
+    id: str = typer.Argument(..., help="trajectory id, e.g. NAME/step-000003/g001/s02"),
+    lenient: bool = typer.Option(False, help="skip corrupt segments (with a warning) instead of failing"),
+) -> None:
+    """Print one trajectory step by step: prompt, completion, tokens and logprobs, reward
+    components, gate decision, training and timings."""
+    try:
+        from rich.console import Console
+
+        from tidal.storage.cli_support import resolve_store, show_trajectory
+
+        show_trajectory(resolve_store(run, strict=not lenient), id, Console(width=120))
+    except TidalError as error:
+        _fail(error)
+
+
+@trajectories_app.command("migrate")
+def trajectories_migrate(run: Path = typer.Argument(..., help="a run folder with JSONL step files")) -> None:
+    """Copy a run's JSONL step files (runs made before the store) into its trajectory store; kept
+    samples of finished steps are marked trained. The JSONL files are kept."""
+    try:
+        from tidal.storage.cli_support import migrate_jsonl
+
+        stored, trained = migrate_jsonl(run)
+    except TidalError as error:
+        _fail(error)
+    typer.echo(f"migrated {stored} trajectories ({trained} marked trained) into {run / 'trajectories'}")
 
 
 @app.command()

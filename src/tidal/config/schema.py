@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -189,6 +189,27 @@ class RunConfig(Section):
     seed: int = Field(0, description="seed of sampling and training")
     resume: bool = Field(True, description="resume when the run folder holds a checkpoint")
     progress: bool = Field(True, description="live progress display")
+    trajectory_store: str | None = Field(
+        None,
+        description="fsspec URL (folder, file://, s3://, memory://, ...) under which each run's trajectory store "
+        "is <url>/<run name>; null = <run folder>/trajectories",
+    )
+
+    @field_validator("trajectory_store")
+    @classmethod
+    def _known_protocol(cls, value: str | None) -> str | None:
+        # Only the protocol is checked here (cheap, at load); the store checks it can write at open.
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("give a URL or folder, or null for <run folder>/trajectories")
+        if "://" in value:
+            import fsspec
+
+            protocol = value.split("://", 1)[0]
+            if protocol not in fsspec.available_protocols():
+                raise ValueError(f"unknown protocol {protocol!r}; known: {', '.join(sorted(fsspec.available_protocols())[:25])}, ...")
+        return value
 
 
 class TidalConfig(Section):

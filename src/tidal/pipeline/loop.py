@@ -1,7 +1,8 @@
 """The RL loop: sample -> score -> gate -> advantages -> update, one step at a time.
 
 It reads top to bottom and is built from library parts; no part it wires knows about it.
-Every step's trajectories are written to the run folder *before* the update uses them, and a
+Every step's trajectories are written to the trajectory store *before* the update uses them, the
+ids it trained on are recorded in the store's ledger right after it (exactly once), and a
 checkpoint (model, optimizer, schedule, RNG, mixer cursor) is written every `checkpoint_every`
 steps, so a crash loses at most the steps since the last checkpoint, and those are redone with
 the same tasks on resume.
@@ -21,7 +22,8 @@ from tidal.gate import gate_episodes
 from tidal.models.io import render_prompt
 from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import EmbeddedEngine, SamplingParams
-from tidal.storage.run import RunFolder, TrajectoryWriter
+from tidal.storage.run import RunFolder
+from tidal.storage.store import open_run_store
 from tidal.tasks.mixer import TaskMixer
 from tidal.trainer.checkpoint import latest_checkpoint, prune_checkpoints
 from tidal.trainer.logprobs import collate
@@ -96,7 +98,8 @@ def step_metrics(episodes: list[Episode], drops: dict[str, int]) -> dict[str, An
 def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None = None) -> int:
     """Train from `start_step` to `trainer.steps`. Returns the number of steps taken now."""
     cfg = parts.config
-    writer = TrajectoryWriter(parts.run)
+    store = open_run_store(parts.run, cfg.run.trajectory_store)  # an unwritable URL fails here, at once
+    store.rollback(start_step)  # what the steps after the resumed checkpoint trained died with them
     taken = 0
     for step in range(start_step, cfg.trainer.steps):
         timings: dict[str, float] = {}
@@ -117,13 +120,14 @@ def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None =
         assign_advantages(episodes, cfg.algorithm.advantage)
         kept = [e for e in episodes if e.keep]
         # Stored before the update may use them: a crash never loses a trajectory that was trained on.
-        writer.write_step(step, [e.to_record() for e in episodes])
+        store.write_episodes(step, episodes, tasks_by_id, timings)
 
         mark = time.perf_counter()
         train_metrics: dict[str, float] = {}
         if kept:
             batch = collate(kept, parts.pad_id, parts.trainer.device)
             train_metrics = parts.trainer.rl_step(batch)
+            store.mark_trained([e.id for e in kept], step)
         parts.engine.update_weights(None, version=step + 1)
         timings["train_s"] = time.perf_counter() - mark
         timings["step_s"] = time.perf_counter() - began

@@ -15,7 +15,9 @@ fsspec filesystem, registered with DuckDB.
 
 from __future__ import annotations
 
+import datetime as dt
 import warnings
+from decimal import Decimal
 from typing import Any
 
 import duckdb
@@ -102,10 +104,22 @@ def _quote(text: str) -> str:
 
 
 def rows_of(table: pa.Table) -> list[dict[str, Any]]:
-    """A result's rows as dicts (maps as dicts), for JSON lines."""
-    rows = table.to_pylist()
-    for row in rows:
-        for key, value in row.items():
-            if isinstance(value, list) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
-                row[key] = dict(value)
-    return rows
+    """A result's rows as dicts of JSON-ready values: maps as dicts, DuckDB's decimals (e.g. a
+    `sum` of integers) as int or float, times as ISO text."""
+    return [{key: _plain(value) for key, value in row.items()} for row in table.to_pylist()]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):  # an Arrow map
+            return {k: _plain(v) for k, v in value}
+        return [_plain(v) for v in value]
+    return value
