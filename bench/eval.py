@@ -28,12 +28,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tidal.agent import AgentConfig, ScriptedPolicy, format_tool_call, run_episode  # noqa: E402
-from tidal.agent.endpoint import EndpointPolicy  # noqa: E402
-from tidal.eval.harness import run_eval  # noqa: E402
-from tidal.eval.settings import EvalSettings  # noqa: E402
-from tidal.sandbox import get_backend  # noqa: E402
-from tidal.tasks import generate_tasks  # noqa: E402
+from tidal.agent import AgentConfig, ScriptedPolicy, format_tool_call, run_episode
+from tidal.agent.endpoint import EndpointPolicy
+from tidal.eval.harness import run_eval
+from tidal.eval.settings import EvalSettings
+from tidal.sandbox import get_backend
+from tidal.tasks import generate_tasks
 
 
 def step_overhead(steps: int) -> dict[str, float]:
@@ -53,7 +53,7 @@ class InstantServer:
 
     def __init__(self) -> None:
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 prompt = body["messages"][1]["content"]
                 done = any(m["role"] == "tool" for m in body["messages"])

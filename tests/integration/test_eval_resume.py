@@ -42,7 +42,7 @@ def test_killed_eval_resumes_without_redoing_finished_tasks(tmp_path: Path) -> N
     before = _lines(out / "results.jsonl")
     assert 2 <= len(before) < 5, "the eval must be killed part-way"
 
-    rerun = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert rerun.returncode == 0, rerun.stderr
     after = _lines(out / "results.jsonl")
     assert after[: len(before)] == before  # finished records untouched

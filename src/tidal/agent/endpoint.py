@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -88,7 +87,7 @@ class EndpointClient:
                 data = response.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as error:
             raise _http_error(url, error) from None
-        except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, OSError) as error:
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as error:
             reason = getattr(error, "reason", error)
             raise EndpointUnavailableError(f"{url}: cannot reach the endpoint ({reason}); is the server up "
                                            f"and the base URL right?", url) from None

@@ -136,8 +136,7 @@ def check_arguments(schema: dict[str, Any], arguments: dict[str, Any], where: st
 
 def workspace_path(path: str) -> str:
     """A path as the model may write it (relative, or under /workspace) as a workspace-relative one."""
-    if path.startswith(WORKSPACE_PREFIX):
-        path = path[len(WORKSPACE_PREFIX):]
+    path = path.removeprefix(WORKSPACE_PREFIX)
     return path.removeprefix("./")
 
 

@@ -15,7 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tidal.eval.report import CSS, PALETTE, _e, _error_bar, _Frame, _legend, _Line, _line_chart, _nice_ticks, _tick_format, _title
+from tidal.eval.report import (
+    CSS,
+    PALETTE,
+    _e,
+    _error_bar,
+    _Frame,
+    _legend,
+    _Line,
+    _line_chart,
+    _nice_ticks,
+    _tick_format,
+    _title,
+)
 from tidal.storage.run import atomic_writer
 
 SPLIT_COLORS = {"generation_s": "#4269d0", "tool_s": "#efb118", "overhead_s": "#9498a0"}

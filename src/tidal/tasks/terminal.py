@@ -20,11 +20,11 @@ come from `files/` at the workspace root. Every file must be UTF-8 text.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from pydantic import ValidationError
 
 from tidal.errors import TaskFolderError, TaskFormatError

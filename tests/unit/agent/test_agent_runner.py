@@ -3,7 +3,15 @@ the acceptance tests judge the workspace the agent left."""
 
 from __future__ import annotations
 
-from tidal.agent import AgentConfig, AgentOutcome, OraclePolicy, ScriptedPolicy, Termination, format_tool_call, run_episode
+from tidal.agent import (
+    AgentConfig,
+    AgentOutcome,
+    OraclePolicy,
+    ScriptedPolicy,
+    Termination,
+    format_tool_call,
+    run_episode,
+)
 from tidal.sandbox.base import SandboxBackend
 from tidal.types import Task
 
@@ -74,7 +82,7 @@ def test_long_tool_output_is_truncated_for_the_model(bwrap: SandboxBackend) -> N
     result = run_episode(_task(), policy, bwrap, config)
     call = result.steps[0].calls[0]
     assert call.truncated and call.output_chars > 20000
-    observed = [m["content"] for m in result.trace["messages"] if m["role"] == "tool"][0]
+    observed = next(m["content"] for m in result.trace["messages"] if m["role"] == "tool")
     assert len(observed) <= 300 and "truncated" in observed
 
 

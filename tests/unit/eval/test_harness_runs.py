@@ -85,7 +85,7 @@ class ChatServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 owner.requests.append({"body": body, "auth": self.headers.get("Authorization")})
                 status, reply, delay = owner.replies.pop(0) if owner.replies else (500, "script ran out", 0.0)
