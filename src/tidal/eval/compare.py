@@ -18,7 +18,8 @@ as if they were independent. For each task the per-epoch outcomes are averaged i
 - a **cluster-robust** standard error of a mean when tasks share a group (variants of one problem
   are not independent evidence).
 
-Infrastructure errors are not outcomes of the model: records whose outcome is `infra_error` are
+Infrastructure and verifier errors are not outcomes of the model: records whose outcome is
+`infra_error` or `verifier_error` are
 left out before pairing, and tasks present in only one run are reported, not compared.
 """
 
@@ -39,7 +40,7 @@ from tidal.errors import TidalError
 
 EXACT_BELOW = 25  # McNemar: exact binomial when fewer discordant pairs than this
 PASS_OUTCOMES = {"pass", "passed"}
-EXCLUDED_OUTCOMES = {"infra_error"}
+EXCLUDED_OUTCOMES = {"infra_error", "verifier_error"}  # not outcomes of the model
 
 
 class CompareError(TidalError):

@@ -71,7 +71,8 @@ def _records(outcomes: dict[str, list[str]], domain: str = "code") -> list[dict]
 
 
 def test_compare_pairs_tasks_and_reports_flips() -> None:
-    a = scores_from_records("A", _records({"t1": ["pass"], "t2": ["fail"], "t3": ["fail"], "t4": ["pass"], "t5": ["infra_error"]})
+    a = scores_from_records("A", _records({"t1": ["pass"], "t2": ["fail"], "t3": ["fail"], "t4": ["pass"], "t5": ["infra_error"],
+                                         "t7": ["verifier_error"]})
                             + _records({"m1": ["pass"], "m2": ["pass"]}, "math"))
     b = scores_from_records("B", _records({"t1": ["pass"], "t2": ["pass"], "t3": ["pass"], "t4": ["fail"], "t6": ["pass"]})
                             + _records({"m1": ["pass"], "m2": ["pass"]}, "math"))
@@ -83,7 +84,7 @@ def test_compare_pairs_tasks_and_reports_flips() -> None:
     assert result.flips_to_b == ["t2", "t3"] and result.flips_to_a == ["t4"]
     assert result.only_in_a == []  # t5 had only an infra error: not a result of the model
     assert result.only_in_b == ["t6"]
-    assert result.excluded == {"A": 1, "B": 0}
+    assert result.excluded == {"A": 2, "B": 0}
     assert result.overall.n == 6
     with pytest.raises(CompareError, match="share no tasks"):
         compare(a, scores_from_records("C", _records({"zz": ["pass"]})))
