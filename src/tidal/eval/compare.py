@@ -19,8 +19,8 @@ as if they were independent. For each task the per-epoch outcomes are averaged i
   are not independent evidence).
 
 Infrastructure and verifier errors are not outcomes of the model: records whose outcome is
-`infra_error` or `verifier_error` are
-left out before pairing, and tasks present in only one run are reported, not compared.
+`infra_error` or `verifier_error` are left out before pairing, and tasks present in only one run
+are reported, not compared.
 """
 
 from __future__ import annotations
