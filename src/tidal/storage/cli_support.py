@@ -13,7 +13,11 @@ from rich.table import Table
 
 from tidal.errors import StoreError
 from tidal.storage.run import MARKER, RunFolder, TrajectoryWriter, dumps
-from tidal.storage.store import TrajectoryStore, configured_store_url, existing_run_store
+from tidal.storage.store import (
+    TrajectoryStore,
+    configured_store_url,
+    existing_run_store,
+)
 
 
 def resolve_store(target: str, *, strict: bool = True) -> TrajectoryStore:

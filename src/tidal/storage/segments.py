@@ -94,10 +94,10 @@ class SegmentFiles:
         try:
             for folder in FOLDERS.values():
                 self.fs.makedirs(self.join(folder), exist_ok=True)
-            self.write_once(probe, b"probe")
+            self._put(probe, b"probe")
             self.fs.rm_file(probe)
-        except (OSError, StoreWriteError, PermissionError) as error:
-            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        except OSError as error:
+            reason = error.strerror or str(error)
             raise StoreUnavailableError(
                 f"trajectory store {self.url!r} cannot be written ({reason}); give a writable folder or URL "
                 "in run.trajectory_store",
@@ -107,10 +107,7 @@ class SegmentFiles:
     def write_once(self, path: str, data: bytes) -> None:
         """Write `data` to `path` whole or not at all (see the module docstring)."""
         try:
-            if self.local:
-                _write_local_atomic(Path(path), data)
-            else:
-                self.fs.pipe_file(path, data)
+            self._put(path, data)
         except OSError as error:
             where = self.display(path)
             if error.errno == errno.ENOSPC:
@@ -124,6 +121,12 @@ class SegmentFiles:
                 "the finished segments are intact. Free space (or fix the store) and resume the run",
                 self.url,
             ) from error
+
+    def _put(self, path: str, data: bytes) -> None:
+        if self.local:
+            _write_local_atomic(Path(path), data)
+        else:
+            self.fs.pipe_file(path, data)
 
     def write_segment(self, segment: Segment, table: pa.Table) -> None:
         """Encode `table` with its manifest in the footer and write it once under `segment.path`."""

@@ -30,7 +30,15 @@ import yaml
 
 from tidal.errors import ExactlyOnceError, StoreError, StoreUnavailableError
 from tidal.storage.run import RunFolder, dumps
-from tidal.storage.schema import LEDGER, SCHEMA_VERSION, TRAJECTORIES, episode_row, record_from_row, table_from_rows
+from tidal.storage.schema import (
+    LEDGER,
+    SCHEMA_VERSION,
+    TRAJECTORIES,
+    TRAJECTORY_SCHEMA,
+    episode_row,
+    record_from_row,
+    table_from_rows,
+)
 from tidal.storage.segments import Segment, SegmentFiles
 from tidal.types import Episode, Task
 
@@ -233,8 +241,6 @@ class TrajectoryStore:
         wanted = None if columns is None else list(dict.fromkeys([*columns, "id"]))
         parts = [t for _, t in self.files.read_all(TRAJECTORIES, self.strict, wanted)]
         if not parts:
-            from tidal.storage.schema import TRAJECTORY_SCHEMA
-
             empty = TRAJECTORY_SCHEMA.empty_table()
             return empty.select(wanted) if wanted else empty
         table = pa.concat_tables(parts)

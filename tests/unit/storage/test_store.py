@@ -12,7 +12,8 @@ import pytest
 from tidal.errors import ExactlyOnceError, StoreError
 from tidal.storage.run import RunFolder, TrajectoryWriter
 from tidal.storage.schema import LEDGER, SCHEMA_VERSION, TRAJECTORIES
-from tidal.storage.store import TrajectoryStore, open_run_store, store_url as run_store_url
+from tidal.storage.store import TrajectoryStore, open_run_store
+from tidal.storage.store import store_url as run_store_url
 
 
 def test_round_trip_keeps_every_field(store_url: str, make_step, tasks) -> None:

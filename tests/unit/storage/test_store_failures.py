@@ -12,7 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from tidal.config import load_config
-from tidal.errors import ConfigError, CorruptSegmentError, StoreUnavailableError, StoreWriteError
+from tidal.errors import (
+    ConfigError,
+    CorruptSegmentError,
+    StoreUnavailableError,
+    StoreWriteError,
+)
 from tidal.storage.query import run_query
 from tidal.storage.run import RunFolder
 from tidal.storage.schema import LEDGER
