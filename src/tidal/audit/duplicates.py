@@ -154,11 +154,13 @@ class DuplicateIndex:
         for key in bands:
             candidates.update(self.buckets.get(key, ()))
         if not findings:
-            best = max(((similarity(signature, self.entries[i][3]), i) for i in candidates
-                        if self.entries[i][2] == solution), default=(0.0, -1))
-            if best[0] >= self.threshold:
-                other = self.entries[best[1]]
-                findings.append(self._finding("near", task, other[0], other[1], best[0]))
+            # Among the near-duplicates, one across splits matters most; then the most similar.
+            near = [(self.entries[i][1] != task.split, sim, -i) for i in candidates
+                    if self.entries[i][2] == solution and (sim := similarity(signature, self.entries[i][3])) >= self.threshold]
+            if near:
+                _, sim, negative = max(near)
+                other = self.entries[-negative]
+                findings.append(self._finding("near", task, other[0], other[1], sim))
         canonical = canonical_code(task)
         if canonical is not None and not findings:
             code_key = _digest(canonical)

@@ -117,7 +117,7 @@ def run_reference(task: Task, ctx: AuditContext) -> list[ReferenceRun]:
 
 def classify(score: Score) -> str:
     """Why a reference failed, from the verifier's evidence."""
-    if score.outcome is Outcome.TIMEOUT:
+    if score.outcome is Outcome.TIMEOUT or "wall-clock limit" in score.detail or "CPU time limit" in score.detail:
         return "timeout"
     if score.outcome is Outcome.MEMORY_LIMIT:
         return "memory limit"

@@ -3,7 +3,9 @@ per domain, with the paired before/after comparison over the same tasks.
 
 A task's pass rate is the fraction of its scored samples whose outcome is `passed`. Samples whose
 scoring hit an infrastructure error are not counted as failures: they are left out of the task's
-denominator and reported apart (a task with only infra errors has no pass rate).
+denominator and reported apart (a task with only infra errors has no pass rate). Tasks the audit
+quarantined (`quarantined` ids) are evaluated but reported apart: they count in no domain's rate,
+only in a `quarantined` entry.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def evaluate_policy(
     seed: int,
     batch_prompts: int = 64,
     on_progress: Callable[[int, int], None] | None = None,
+    quarantined: frozenset[str] | set[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """One record per task: pass rate, mean reward, outcome counts and two sample answers."""
     records: list[dict[str, Any]] = []
@@ -55,6 +58,7 @@ def evaluate_policy(
                 {
                     "task_id": task.id,
                     "domain": task.domain,
+                    "quarantined": task.id in quarantined,
                     "difficulty": task.difficulty,
                     "samples": len(task_scores),
                     "scored": len(valid),
@@ -75,9 +79,12 @@ def evaluate_policy(
 def pass_rates(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per-domain and overall pass rate of one evaluation, with a Wilson interval over samples."""
     out: dict[str, dict[str, Any]] = {}
+    apart = [r for r in records if r.get("quarantined")]
+    records = [r for r in records if not r.get("quarantined")]
     domains = sorted({r["domain"] for r in records})
-    for name in [*domains, "overall"]:
-        rows = [r for r in records if (name == "overall" or r["domain"] == name) and r["pass_rate"] is not None]
+    for name in [*domains, "overall", *(["quarantined"] if apart else [])]:
+        pool = apart if name == "quarantined" else records
+        rows = [r for r in pool if (name in ("overall", "quarantined") or r["domain"] == name) and r["pass_rate"] is not None]
         passed, scored = sum(r["passed"] for r in rows), sum(r["scored"] for r in rows)
         low, high = wilson_interval(passed, scored) if scored else (0.0, 0.0)
         out[name] = {
@@ -96,7 +103,7 @@ def compare(before: Sequence[dict[str, Any]], after: Sequence[dict[str, Any]]) -
     pairs = [
         (r, after_by_id[r["task_id"]])
         for r in before
-        if r["task_id"] in after_by_id and r["pass_rate"] is not None and after_by_id[r["task_id"]]["pass_rate"] is not None
+        if r["task_id"] in after_by_id and not r.get("quarantined") and r["pass_rate"] is not None and after_by_id[r["task_id"]]["pass_rate"] is not None
     ]
     result: dict[str, Any] = {"domains": {}}
     domains = sorted({b["domain"] for b, _ in pairs})

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidal.algos import assign_advantages
+from tidal.audit.continuous import TaskWatch
 from tidal.config.schema import TidalConfig
 from tidal.gate import gate_episodes
 from tidal.models.io import render_prompt
@@ -44,6 +45,7 @@ class LoopParts:
     scorer: Scorer
     mixer: TaskMixer
     pad_id: int
+    watch: TaskWatch | None = None  # the continuous audit: quarantines tasks from the gate's signals
 
 
 def sample_episodes(parts: LoopParts, tasks: list[Task], step: int) -> list[Episode]:
@@ -117,6 +119,15 @@ def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None =
         timings["score_s"] = time.perf_counter() - mark
 
         drops = gate_episodes(episodes, cfg.gate, cfg.rollout.max_new_tokens)
+        if parts.watch is not None:
+            quarantined = {q.task_id for q in parts.watch.observe(episodes, tasks_by_id, step + 1)}
+            for task_id in quarantined:
+                parts.mixer.exclude(task_id)
+            # The samples that tripped the watch do not train either.
+            drops["audit_quarantine"] = sum(e.keep and e.task_id in quarantined for e in episodes)
+            for episode in episodes:
+                if episode.keep and episode.task_id in quarantined:
+                    episode.keep, episode.drop_reason = False, "audit_quarantine"
         assign_advantages(episodes, cfg.algorithm.advantage)
         kept = [e for e in episodes if e.keep]
         # Stored before the update may use them: a crash never loses a trajectory that was trained on.
@@ -135,6 +146,8 @@ def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None =
         metrics = {"step": step + 1, "phase": "rl", **step_metrics(episodes, drops), **train_metrics, **timings}
         metrics["tokens_per_s"] = metrics["completion_tokens"] / max(timings["generate_s"], 1e-9)
         metrics["trained_samples"] = len(kept)
+        if parts.watch is not None:
+            metrics.update(parts.watch.metrics())
         parts.run.append_metrics(metrics)
         taken += 1
 

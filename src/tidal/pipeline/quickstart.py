@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import transformers
 
+from tidal.audit.continuous import TaskWatch
+from tidal.audit.quarantine import load_quarantine
 from tidal.config import load_config, save_config
 from tidal.config.schema import TidalConfig
 from tidal.errors import CheckpointError, ConfigError
@@ -51,7 +53,9 @@ def find_config(name: str) -> Path:
 
 
 def build_tasks(cfg: TidalConfig) -> tuple[dict[str, list[Task]], list[Task]]:
-    """Train tasks per domain (the mixer's keys) and all eval tasks, from families and files."""
+    """Train tasks per domain (the mixer's keys) and all eval tasks, from families and files.
+    Tasks in the quarantine list (`tasks.quarantine`) are left out of training."""
+    quarantined = set(load_quarantine(cfg.tasks.quarantine)) if cfg.tasks.quarantine else set()
     train: dict[str, list[Task]] = {}
     evaluation: list[Task] = []
     verifiers = known_verifiers()
@@ -63,7 +67,7 @@ def build_tasks(cfg: TidalConfig) -> tuple[dict[str, list[Task]], list[Task]]:
             tasks += generate_tasks(domain.family, domain.n_eval, "eval", *args) if domain.n_eval else []
         if domain.sources:
             tasks += load_tasks(domain.sources, known_verifiers=verifiers)
-        train[name] = [t for t in tasks if t.split == "train"]
+        train[name] = [t for t in tasks if t.split == "train" and t.id not in quarantined]
         evaluation += [t for t in tasks if t.split == "eval"]
     return train, evaluation
 
@@ -75,6 +79,8 @@ class Job:
         self.cfg, self.run = cfg, run
         self.state: dict[str, Any] = run.read_json("state.json") if (run.path / "state.json").exists() else {}
         self.started = time.perf_counter()
+        # Quarantined eval tasks are still evaluated, and reported apart.
+        self.quarantined = frozenset(load_quarantine(cfg.tasks.quarantine)) if cfg.tasks.quarantine else frozenset()
 
     def mark(self, phase: str, value: Any = True) -> None:
         self.state[phase] = value
@@ -129,7 +135,8 @@ class Job:
             )
             weights = {name: d.weight for name, d in cfg.tasks.domains.items()}
             mixer = TaskMixer(train_by_domain, weights, cfg.run.seed)
-            parts = LoopParts(cfg, run, engine, trainer, scorer, mixer, tokenizer.pad_token_id)
+            watch = TaskWatch(cfg.audit.watch) if cfg.audit.watch.enabled else None
+            parts = LoopParts(cfg, run, engine, trainer, scorer, mixer, tokenizer.pad_token_id, watch=watch)
             start = resume_rl(parts) if cfg.run.resume else 0
             progress.phase("rl", cfg.trainer.steps, start)
             rl_began = time.perf_counter()
@@ -139,6 +146,8 @@ class Job:
                 if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
                     records = self._evaluate(f"step-{step:06d}", engine, scorer, eval_tasks, progress, force=True)
                     rates = pass_rates(records)
+                    if watch is not None:
+                        watch.set_heldout({d: r["pass_rate"] for d, r in rates.items()})
                     run.append_metrics({"phase": "eval", "step": step, **{f"eval/{d}": r["pass_rate"] for d, r in rates.items()}})
 
             run_rl(parts, start, on_step)
@@ -178,6 +187,7 @@ class Job:
             top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens, stop=list(cfg.rollout.stop),
             seed=cfg.run.seed + 7_777, batch_prompts=cfg.rollout.batch_prompts,
             on_progress=lambda done, total: progress.update(f"eval {tag}"[:12], done),
+            quarantined=self.quarantined,
         )
         TrajectoryWriter(self.run).write_eval(tag, records)
         self.mark(f"eval_{tag}")

@@ -5,6 +5,9 @@ between steps as credit (a domain with weight 0.1 of 16 tasks gets 1 task most s
 few), so the long-run share matches the weights exactly. Each domain walks a seeded permutation of
 its tasks, reshuffled per epoch. The whole state is a small JSON dict saved in checkpoints, so a
 resumed run continues with exactly the tasks the uninterrupted run would have used.
+
+Tasks quarantined during the run (the continuous audit, `exclude`) are skipped from then on; the
+excluded ids are part of the state.
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ class TaskMixer:
         self.epoch = {d: 0 for d in self.tasks}
         self.cursor = {d: 0 for d in self.tasks}
         self._orders: dict[str, tuple[int, list[int]]] = {}
+        self.excluded: set[str] = set()
+
+    def exclude(self, task_id: str) -> None:
+        """Never sample this task again (it was quarantined)."""
+        self.excluded.add(task_id)
 
     def _order(self, domain: str) -> list[int]:
         epoch = self.epoch[domain]
@@ -54,21 +62,27 @@ class TaskMixer:
         return counts
 
     def sample(self, n: int) -> list[Task]:
-        """The next `n` tasks, grouped by domain in a stable order."""
+        """The next `n` tasks, grouped by domain in a stable order. Excluded tasks are passed over;
+        a domain whose every task is excluded contributes none."""
         chosen: list[Task] = []
         for domain, count in self.allocate(n).items():
             tasks = self.tasks[domain]
             for _ in range(count):
-                order = self._order(domain)
-                chosen.append(tasks[order[self.cursor[domain]]])
-                self.cursor[domain] += 1
-                if self.cursor[domain] >= len(tasks):
-                    self.cursor[domain] = 0
-                    self.epoch[domain] += 1
+                for _ in range(len(tasks)):
+                    order = self._order(domain)
+                    task = tasks[order[self.cursor[domain]]]
+                    self.cursor[domain] += 1
+                    if self.cursor[domain] >= len(tasks):
+                        self.cursor[domain] = 0
+                        self.epoch[domain] += 1
+                    if task.id not in self.excluded:
+                        chosen.append(task)
+                        break
         return chosen
 
     def state_dict(self) -> dict[str, Any]:
-        return {"credit": dict(self.credit), "epoch": dict(self.epoch), "cursor": dict(self.cursor)}
+        return {"credit": dict(self.credit), "epoch": dict(self.epoch), "cursor": dict(self.cursor),
+                "excluded": sorted(self.excluded)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("credit", "epoch", "cursor"):
@@ -78,3 +92,4 @@ class TaskMixer:
         self.credit = {d: float(v) for d, v in state["credit"].items()}
         self.epoch = {d: int(v) for d, v in state["epoch"].items()}
         self.cursor = {d: int(v) for d, v in state["cursor"].items()}
+        self.excluded = {str(task_id) for task_id in state.get("excluded", [])}
