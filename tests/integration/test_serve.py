@@ -95,7 +95,7 @@ def test_chat_is_well_formed_and_counts_tokens(client: openai.OpenAI, in_process
 
 
 def test_seeded_chat_equals_the_engine_in_process(client: openai.OpenAI, in_process: EmbeddedEngine) -> None:
-    kwargs: dict[str, Any] = dict(model="tiny", messages=MESSAGES, max_tokens=12, n=3, temperature=0.9, top_p=0.95, seed=1234)
+    kwargs: dict[str, Any] = {"model": "tiny", "messages": MESSAGES, "max_tokens": 12, "n": 3, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
     first = client.chat.completions.create(**kwargs)
     second = client.chat.completions.create(**kwargs)
     texts = [c.message.content for c in first.choices]
@@ -123,7 +123,7 @@ def test_seeded_completions_equal_the_engine_in_process(client: openai.OpenAI, i
 
 
 def test_streaming_sends_the_same_answer(client: openai.OpenAI) -> None:
-    kwargs: dict[str, Any] = dict(model="tiny", messages=MESSAGES, max_tokens=16, n=2, seed=99)
+    kwargs: dict[str, Any] = {"model": "tiny", "messages": MESSAGES, "max_tokens": 16, "n": 2, "seed": 99}
     whole = client.chat.completions.create(**kwargs)
     parts: dict[int, list[str]] = {0: [], 1: []}
     finish: dict[int, str] = {}
@@ -145,7 +145,7 @@ def test_streaming_sends_the_same_answer(client: openai.OpenAI) -> None:
 
 
 def test_stop_cuts_the_answer(client: openai.OpenAI) -> None:
-    kwargs: dict[str, Any] = dict(model="tiny", messages=MESSAGES, max_tokens=24, seed=3, temperature=0.8)
+    kwargs: dict[str, Any] = {"model": "tiny", "messages": MESSAGES, "max_tokens": 24, "seed": 3, "temperature": 0.8}
     free = client.chat.completions.create(**kwargs).choices[0].message.content
     stop = next(ch for ch in free[3:] if ch.isprintable() and ch != "\ufffd")  # a character the model will write
     cut = client.chat.completions.create(stop=[stop], **kwargs).choices[0]
@@ -235,6 +235,7 @@ def test_wrong_or_missing_key_is_401(server: RunningServer) -> None:
         ({"stop": [""]}, "stop"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"seed": "one"}, "seed"),
+        ({"seed": 1 << 70}, "seed"),  # more than a torch generator takes
         ({"frobnicate": True}, "frobnicate"),
         ({"tool_choice": "required", "tools": [WEATHER]}, "tool_choice"),
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, "messages"),  # longer than the context

@@ -10,6 +10,7 @@ answered as a plain 500, never with a traceback.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hmac
 import json
 import logging
@@ -61,7 +62,10 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.batcher = Batcher(self.engine, self.limits.max_batch, self.limits.max_queue, self.metrics)
-        self.tokens = TokenText(self.engine.tokenizer)
+        # The handlers' own tokenizer: a Rust tokenizer used from two threads at once can fail with
+        # "Already borrowed", and the worker thread uses the engine's.
+        self.tokenizer = copy.deepcopy(self.engine.tokenizer)
+        self.tokens = TokenText(self.tokenizer)
         config = self.engine.model.config
         self.context_length = int(getattr(config, "max_position_embeddings", 0) or 1 << 20)
 
@@ -168,7 +172,7 @@ def _chat_prepared(state: ServerState, request: ChatRequest) -> Prepared:
     declared = [tool.model_dump(exclude_none=True) for tool in tools] if tools else None
     try:
         rendered = render_messages(request.messages, declared)
-        prompt = render_prompt(state.engine.tokenizer, rendered)
+        prompt = render_prompt(state.tokenizer, rendered)
     except MessageError as error:
         raise ApiError(400, error.message, param=error.param) from None
     except TemplateError as error:
@@ -190,7 +194,7 @@ def _completion_prepared(state: ServerState, request: CompletionRequest) -> Prep
         raise ApiError(400, "prompt must not be empty", param="prompt")
     if len(texts_or_ids) > state.limits.max_prompts:
         raise ApiError(400, f"{len(texts_or_ids)} prompts; this server takes at most {state.limits.max_prompts}", param="prompt")
-    tokenizer = state.engine.tokenizer
+    tokenizer = state.tokenizer
     prompts = []
     for index, item in enumerate(texts_or_ids):
         ids = tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item)
@@ -334,7 +338,7 @@ def _stream(state: ServerState, prepared: Prepared, response_id: str, created: i
 
     async def generate() -> AsyncIterator[str]:
         streams = {
-            (p, s): StreamedText(state.engine.tokenizer, prepared.params.stop, prepared.tools is not None)
+            (p, s): StreamedText(state.tokenizer, prepared.params.stop, prepared.tools is not None)
             for p in range(len(prepared.prompts))
             for s in range(prepared.n)
         }
@@ -442,7 +446,7 @@ def create_app(state: ServerState) -> Starlette:
                 response = await handler(request)
             except ApiError as error:
                 response = _error(error)
-            except Exception:  # noqa: BLE001 - the client gets a clean 500, the log the traceback
+            except Exception:  # the client gets a clean 500, the log the traceback
                 logger.exception("unexpected error on %s", name)
                 response = _error(ApiError(500, "internal server error; see the server log", type="server_error"))
             state.metrics.requests.labels(name, str(response.status_code)).inc()

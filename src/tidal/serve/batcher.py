@@ -177,7 +177,7 @@ class Batcher:
         streaming = any(job.on_token is not None for job in batch)
         try:
             results = self.engine.generate(prompts, n=batch[0].n, params=batch[0].params, on_token=dispatch if streaming else None)
-        except Exception as error:  # noqa: BLE001 - every waiting client must hear of the failure
+        except Exception as error:  # every waiting client must hear of the failure
             logger.exception("engine.generate failed for a batch of %d request(s)", len(batch))
             for job in batch:
                 job.on_done(error)
@@ -188,7 +188,7 @@ class Batcher:
             position += len(job.prompts)
             try:
                 top = self._top_logprobs(completions, job) if job.top_logprobs else None
-            except Exception as error:  # noqa: BLE001 - reported to this request's client only
+            except Exception as error:  # reported to this request's client only
                 logger.exception("top_logprobs failed")
                 job.on_done(error)
                 continue

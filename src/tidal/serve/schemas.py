@@ -86,7 +86,7 @@ class _Sampling(_Strict):
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)  # what torch.Generator.manual_seed takes
     # Accepted and ignored: they change nothing about the answer.
     user: str | None = None
     metadata: dict[str, str] | None = None
