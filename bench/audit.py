@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import machine, write_section  # noqa: E402
+from results_md import machine, write_section
 
 SECTION = "## Task audit"
 FAMILIES = ("code", "math", "knowledge", "reasoning", "general")
@@ -66,8 +66,8 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
 
 def section(args: argparse.Namespace, rows: dict[str, object], loads: tuple[str, str]) -> str:
     lines = [SECTION, "",
-             f"Every check on {args.per_family} tasks per family and split (difficulty 1-5), k = {args.reference_runs} "
-             f"reference runs, {args.jobs} jobs; `python bench/audit.py` on {dt.date.today().isoformat()}.",
+             (f"Every check on {args.per_family} tasks per family and split (difficulty 1-5), k = {args.reference_runs} "
+             f"reference runs, {args.jobs} jobs; `python bench/audit.py` on {dt.date.today().isoformat()}."),
              f"- machine: {machine()}; load average at start {loads[0]}, at the end {loads[1]}", "",
              "| family | tasks | tasks/min | quarantine | warn | largest shares of time |", "|---|---|---|---|---|---|"]
     for family in FAMILIES:

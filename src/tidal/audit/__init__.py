@@ -6,8 +6,8 @@ training honours; `TaskWatch` quarantines tasks during RL from the gate's signal
 """
 
 from tidal.audit.checks import CHECKS, Check, select_checks
-from tidal.audit.continuous import TaskWatch
 from tidal.audit.context import AuditContext
+from tidal.audit.continuous import TaskWatch
 from tidal.audit.quarantine import load_quarantine, write_quarantine
 from tidal.audit.records import Finding, TaskAudit
 from tidal.audit.runner import AuditResult, audit_tasks

@@ -30,8 +30,8 @@ def run_audit_command(
         write_quarantine_file(result, quarantine_out)
     summary = result.summary
     verdicts = summary["verdicts"]
-    lines = [f"{summary['tasks']} tasks: {verdicts['ok']} ok, {verdicts['warn']} warn, "
-             f"{verdicts['quarantine']} quarantine ({summary['seconds']:.1f} s, {summary['tasks_per_minute']} tasks/min)"]
+    lines = [(f"{summary['tasks']} tasks: {verdicts['ok']} ok, {verdicts['warn']} warn, "
+             f"{verdicts['quarantine']} quarantine ({summary['seconds']:.1f} s, {summary['tasks_per_minute']} tasks/min)")]
     for audit in result.audits:
         if audit.verdict == "ok":
             continue

@@ -156,4 +156,4 @@ class AuditContext:
             self._reference_locks.pop(task_id, None)
 
 
-__all__ = ["AuditContext", "Policy", "RecordingBackend", "ReferenceRun", "SANDBOX_VERIFIERS", "SandboxUnavailableError"]
+__all__ = ["SANDBOX_VERIFIERS", "AuditContext", "Policy", "RecordingBackend", "ReferenceRun", "SandboxUnavailableError"]

@@ -63,11 +63,11 @@ def write_quarantine_file(result: AuditResult, path: str | Path) -> None:
 
 def render_html(result: AuditResult) -> str:
     summary = result.summary
-    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8>"
+    parts = [(f"<!doctype html><html lang=en><head><meta charset=utf-8>"
              f"<meta http-equiv=Content-Security-Policy content=\"{CSP}\"><title>tidal audit</title>"
              f"<style>{CSS}</style></head><body><main><h1>Task audit</h1>"
              f"<p class=sub>{_e(', '.join(result.sources))} · {summary['tasks']} tasks · {summary['seconds']} s · "
-             f"checks: {_e(', '.join(result.checks))}</p>"]
+             f"checks: {_e(', '.join(result.checks))}</p>")]
     verdicts = summary["verdicts"]
     parts.append("<section><h2>Summary</h2><table><tr><th>verdict</th><th>tasks</th></tr>" + "".join(
         f"<tr><td class={v}>{v}</td><td>{verdicts[v]}</td></tr>" for v in ("ok", "warn", "quarantine")) + "</table>")

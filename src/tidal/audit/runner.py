@@ -98,7 +98,13 @@ def audit_tasks(
     began = time.perf_counter()
     show = sys.stderr.isatty() if progress is None else progress
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     bar = Progress(TextColumn("[bold]audit"), BarColumn(bar_width=24), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.fields[status]}"), disable=not show, transient=False)

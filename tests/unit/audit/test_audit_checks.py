@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 
 from tidal.audit.code import callable_names
+from tidal.audit.context import AuditContext
 from tidal.audit.duplicates import DuplicateIndex, minhash, shingles, similarity
 from tidal.audit.exploits import probes_for
 from tidal.audit.impossible import flip_tests, impossible_variant
 from tidal.audit.leakage import check_leakage
-from tidal.audit.context import AuditContext
 from tidal.audit.mutants import mutants
 from tidal.audit.nulls import null_answers
 from tidal.audit.reference import classify, reorder_tests

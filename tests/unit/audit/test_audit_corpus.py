@@ -10,12 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from audit_corpus import CORPUS, corpus_tasks, expected
 
 from tidal.audit import audit_tasks
 from tidal.config.schema import AuditConfig
 from tidal.tasks import write_tasks
-
-from audit_corpus import CORPUS, corpus_tasks, expected
 
 SMALL = AuditConfig(reference_runs=2, max_mutants=6)
 CHEAP = {"schema", "no_reference", "leakage", "duplicates"}
