@@ -11,7 +11,11 @@ from typing import Any
 import pytest
 
 from tidal.reward import ScoringContext, get_verifier
-from tidal.reward.verifiers.python_tests import extract_code, pytest_targets, defined_test_ids
+from tidal.reward.verifiers.python_tests import (
+    defined_test_ids,
+    extract_code,
+    pytest_targets,
+)
 from tidal.types import Outcome, Score, Task
 
 TESTS = """\
@@ -33,15 +37,13 @@ class TestMore:
 CORRECT = "def sum_evens(xs):\n    return sum(x for x in xs if x % 2 == 0)\n"
 
 
-def make_task(tests: dict[str, str] | None = None, **fields: Any) -> Task:
-    return Task(
-        id="code/sum-evens",
-        domain="code",
-        prompt="Write sum_evens(xs).",
-        verifier={"name": "python_tests"},
-        tests=tests or {"test_solution.py": TESTS},
-        **fields,
-    )
+def make_task(tests: dict[str, str] | None = None, mode: str = "auto", **fields: Any) -> Task:
+    fields.setdefault("verifier", {"name": "python_tests", "mode": mode})
+    return Task(id="code/sum-evens", domain="code", prompt="Write sum_evens(xs).",
+                tests=tests or {"test_solution.py": TESTS}, **fields)
+
+
+IN_PROCESS = make_task(mode="in_process")
 
 
 def score(ctx: ScoringContext, answer: str, task: Task | None = None) -> Score:
@@ -97,8 +99,9 @@ def test_hostile_answers_fail_before_the_sandbox(answer: str) -> None:
 # ----------------------------------------------------------------------------- sandboxed
 
 
-def test_correct_answer_passes(sandboxed: ScoringContext) -> None:
-    result = score(sandboxed, f"Here you go:\n```python\n{CORRECT}```\n")
+@pytest.mark.parametrize("mode", ["in_process", "out_of_process"])
+def test_correct_answer_passes(sandboxed: ScoringContext, mode: str) -> None:
+    result = score(sandboxed, f"Here you go:\n```python\n{CORRECT}```\n", make_task(mode=mode))
     assert result.outcome is Outcome.PASSED, result.detail
     assert result.value == 1.0 and result.components == {"tests": 1.0}
     assert result.info["passed"] == result.info["total"] == 4
@@ -118,24 +121,38 @@ def test_answer_that_does_not_import_fails(sandboxed: ScoringContext) -> None:
 
 
 def test_skipping_and_xfail_count_as_failures(sandboxed: ScoringContext) -> None:
-    result = score(sandboxed, "import pytest\ndef sum_evens(xs):\n    pytest.skip('not today')\n")
-    assert result.outcome is Outcome.FAILED and result.value == 0.0
+    skipper = "import pytest\ndef sum_evens(xs):\n    pytest.skip('not today')\n"
+    for task in (make_task(), IN_PROCESS):  # importing pytest from the answer is a tamper signal too
+        result = score(sandboxed, skipper, task)
+        assert (result.outcome, result.value, result.info["passed"]) == (Outcome.TAMPERED, 0.0, 0)
+        assert "imports pytest" in result.detail
     tests = {"test_solution.py": TESTS + "\nimport pytest\n@pytest.mark.xfail\ndef test_x():\n    assert sum_evens([2]) == 2\n"}
     result = score(sandboxed, CORRECT, make_task(tests=tests))
     assert result.outcome is Outcome.FAILED and result.value == pytest.approx(4 / 5)
 
 
-def test_exit_before_the_tests_does_not_pass(sandboxed: ScoringContext) -> None:
-    result = score(sandboxed, "import os\nos._exit(0)\n")
-    assert result.outcome is Outcome.CRASHED and result.value == 0.0
-    result = score(sandboxed, "import sys\nsys.exit(0)\n")
-    assert result.outcome is not Outcome.PASSED and result.value == 0.0
+@pytest.mark.parametrize("mode", ["in_process", "out_of_process"])
+def test_exit_before_the_tests_is_tampering(sandboxed: ScoringContext, mode: str) -> None:
+    result = score(sandboxed, "import os\nos._exit(0)\n", make_task(mode=mode))
+    assert result.outcome is Outcome.TAMPERED and result.value == 0.0
+    assert "status 0" in " ".join(result.info["tamper"])  # seen at run time, not only by the static scan
+    result = score(sandboxed, "import sys\nsys.exit(0)\n", make_task(mode=mode))
+    assert result.outcome is Outcome.TAMPERED and "calls sys.exit at import" in result.detail
 
 
-def test_exit_inside_a_test_does_not_pass(sandboxed: ScoringContext) -> None:
+@pytest.mark.parametrize("mode", ["in_process", "out_of_process"])
+def test_exit_status_0_inside_a_test_is_tampering(sandboxed: ScoringContext, mode: str) -> None:
     answer = "import os\ndef sum_evens(xs):\n    os._exit(0)\n"
-    result = score(sandboxed, answer)
-    assert result.outcome is Outcome.CRASHED and result.value == 0.0
+    result = score(sandboxed, answer, make_task(mode=mode))
+    assert result.outcome is Outcome.TAMPERED and result.value == 0.0
+    assert "status 0" in result.detail and result.info["passed"] == 0
+
+
+@pytest.mark.parametrize("mode", ["in_process", "out_of_process"])
+def test_a_crash_inside_a_test_is_a_crash(sandboxed: ScoringContext, mode: str) -> None:
+    answer = "import os, signal\ndef sum_evens(xs):\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+    result = score(sandboxed, answer, make_task(mode=mode))
+    assert result.outcome is Outcome.CRASHED and result.value == 0.0, result.detail
 
 
 def test_infinite_loop_times_out_and_leaves_no_process(sandboxed: ScoringContext) -> None:
@@ -173,11 +190,13 @@ def test_memory_bomb_is_a_memory_limit(sandboxed: ScoringContext) -> None:
     assert in_a_test.outcome is Outcome.MEMORY_LIMIT
 
 
-def test_editing_the_test_file_is_tampering(sandboxed: ScoringContext) -> None:
+@pytest.mark.parametrize("mode, seen", [("in_process", "/workspace/solution.py:1 opened the test file test_solution.py"),
+                                        ("out_of_process", "test_solution.py was re-created after the harness deleted it")])
+def test_editing_the_test_file_is_tampering(sandboxed: ScoringContext, mode: str, seen: str) -> None:
     answer = "open('test_solution.py', 'w').write('def test_ok():\\n    pass\\n')\ndef sum_evens(xs):\n    return 0\n"
-    result = score(sandboxed, answer)
+    result = score(sandboxed, answer, make_task(mode=mode))
     assert result.outcome is Outcome.TAMPERED and result.value == 0.0
-    assert "test_solution.py" in result.detail
+    assert seen in result.info["tamper"]
 
 
 def test_dropping_a_conftest_is_tampering(sandboxed: ScoringContext) -> None:
@@ -203,7 +222,7 @@ def test_forging_the_report_is_tampering(sandboxed: ScoringContext) -> None:
         "import sys; print('4 passed'); sys.stdout.flush()\n"
         "def sum_evens(xs):\n    return 0\n"
     )
-    result = score(sandboxed, answer)
+    result = score(sandboxed, answer, IN_PROCESS)  # out of process the answer never holds the channel
     assert result.outcome is Outcome.TAMPERED and result.value == 0.0
     assert "nonce" in result.detail
 
@@ -221,9 +240,9 @@ def test_hooking_pytest_from_the_answer_is_tampering(sandboxed: ScoringContext) 
         "config.pluginmanager.register(AllPass())\n"
         "def sum_evens(xs):\n    return 0\n"
     )
-    assert score(sandboxed, plugin).outcome is Outcome.TAMPERED
+    assert score(sandboxed, plugin, IN_PROCESS).outcome is Outcome.TAMPERED
     patched = "import _pytest.python\n_pytest.python.Function.runtest = lambda self: None\ndef sum_evens(xs):\n    return 0\n"
-    result = score(sandboxed, patched)
+    result = score(sandboxed, patched, IN_PROCESS)
     assert result.outcome is Outcome.TAMPERED and "replaced" in result.detail
 
 
@@ -234,7 +253,7 @@ def test_task_conftest_and_files_are_allowed(sandboxed: ScoringContext) -> None:
     }
     task = make_task(tests=tests, files={"solution.py": "# write here\n", "data/notes.txt": "n"})
     result = score(sandboxed, CORRECT, task)
-    assert result.outcome is Outcome.PASSED, result.detail
+    assert result.outcome is Outcome.PASSED and result.info["mode"] == "out_of_process", result.detail
 
 
 def test_network_is_unreachable_from_tests(sandboxed: ScoringContext) -> None:
@@ -256,7 +275,7 @@ def test_using_the_plugins_own_emitter_is_tampering(sandboxed: ScoringContext) -
         "        emit('phase', nodeid='test_solution.py::' + test, when=when, ok=True, exception=None, xfail=False)\n"
         "def sum_evens(xs):\n    return 0\n"
     )
-    assert score(sandboxed, reuse).outcome is Outcome.TAMPERED
+    assert score(sandboxed, reuse, IN_PROCESS).outcome is Outcome.TAMPERED
     silence = (
         "import sys\n"
         "reporter = sys.modules['tidal_pytest_report']._reporter\n"
@@ -264,8 +283,8 @@ def test_using_the_plugins_own_emitter_is_tampering(sandboxed: ScoringContext) -
         "reporter.emit = lambda event, **fields: real(event, **{**fields, 'ok': True}) if event == 'phase' else real(event, **fields)\n"
         "def sum_evens(xs):\n    return 0\n"
     )
-    result = score(sandboxed, silence)
-    assert result.outcome is Outcome.TAMPERED and "replaced" in result.detail
+    result = score(sandboxed, silence, IN_PROCESS)
+    assert result.outcome is Outcome.TAMPERED and "replaced" in " ".join(result.info["tamper"])
 
 
 def test_tests_in_a_folder_and_a_custom_entrypoint(sandboxed: ScoringContext) -> None:

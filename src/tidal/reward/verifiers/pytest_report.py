@@ -3,46 +3,83 @@
 Not imported by tidal: `python_tests` ships this file's text to the sandbox's harness folder as
 `tidal_pytest_report.py` and loads it with `-p tidal_pytest_report`, so it is registered before
 any test module, and so before any candidate code, is imported. It may use only the standard
-library and pytest.
+library, pytest and the harness's tidal_function_proxy.
 
-Channel: the socket whose fd is in $TIDAL_REPORT_FD (see tidal.sandbox.base). The harness sends a
-random nonce and shuts its side for writing; the plugin reads the nonce at load, then writes one
-JSON line per event, each carrying the nonce. A line without it is a forgery. The verdict of a
-test phase is taken from `call.excinfo` in the outermost `pytest_runtest_makereport` wrapper,
-before any other hook could rewrite the report.
+Channel: the socket whose fd is in $TIDAL_REPORT_FD (see tidal.sandbox.base). The harness sends
+its settings (a JSON object: the per-run nonce, the mode, the test paths, the answer's module and
+the per-call limit; a bare nonce is accepted too) and shuts its side for writing; the plugin reads
+them at load, then writes one JSON line per event, each carrying the nonce. A line without it is
+a forgery. The verdict of a test phase is taken from `call.excinfo` in the outermost
+`pytest_runtest_makereport` wrapper, before any other hook could rewrite the report.
 
-Candidate code runs in this same process and could, with effort, reach the nonce in memory; the
-plugin also reports late plugin registrations and replaced pytest internals, which the harness
-counts as tampering. See docs/design/sandbox.md, "What a candidate can still do".
+At load the process becomes non-dumpable (no ptrace or /proc/<pid>/mem for other processes of the
+same user) and the child subreaper (orphans of the answer's processes come back to it, so the scan
+at the session's end finds a detached daemon). An audit hook (`sys.addaudithook`) reports what
+candidate code does to the tests: opening a test file (refused), taking a test or pytest frame
+(`sys._getframe`, `f_code`/`tb_frame`/`__code__` reads), `gc.get_referrers/get_objects`,
+`sys._current_frames`, `sys.settrace/setprofile`, importing the framework's modules.
+
+out_of_process mode: the answer's module is a `ProxyModule` here; after collection the plugin
+deletes the test files (they live on only in this process's memory), guards the import path
+against modules planted later, and starts the candidate process (function_proxy.py).
+
+In in_process mode candidate code runs in this same process and could, with effort, reach the
+nonce in memory or blind the audit hook; the plugin also reports late plugin registrations and
+replaced pytest internals. See docs/design/sandbox.md, "What a candidate can still do".
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import linecache
 import os
+import signal
 import socket
 import sys
+import threading
+import types
 from typing import Any
 
 import pytest
 
 LONGREPR_CAP = 2000
+MAX_FINDINGS = 20
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+FRAMEWORK = ("pytest", "_pytest", "pluggy", "tidal_pytest_report", "tidal_function_proxy",
+             "tidal_candidate_server", "tidal_zygote")
+FRAME_READS = {"f_code", "tb_frame", "gi_frame", "cr_frame", "ag_frame", "gi_code", "__code__", "__globals__"}
+STACK_EVENTS = {"gc.get_referrers", "gc.get_referents", "gc.get_objects", "sys._current_frames",
+                "sys.settrace", "sys.setprofile"}
 
 
-def _open_channel() -> tuple[socket.socket | None, str]:
+def _open_channel() -> tuple[socket.socket | None, dict[str, Any]]:
     raw = os.environ.pop("TIDAL_REPORT_FD", None)
     if raw is None:
-        return None, ""
+        return None, {"nonce": ""}
     fd = int(raw)
     os.set_inheritable(fd, False)  # child processes of the tests do not get the channel
     channel = socket.socket(fileno=fd)
     chunks = []
     while True:
-        chunk = channel.recv(4096)
+        chunk = channel.recv(65536)
         if not chunk:
             break
         chunks.append(chunk)
-    return channel, b"".join(chunks).decode("ascii", errors="replace")
+    text = b"".join(chunks).decode("ascii", errors="replace")
+    try:
+        settings = json.loads(text)
+    except ValueError:
+        settings = None
+    return channel, settings if isinstance(settings, dict) else {"nonce": text}
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 OWN_HOOKS = ("pytest_plugin_registered", "pytest_collectreport", "pytest_collection_finish",
@@ -87,7 +124,8 @@ def _file_of(plugin: Any) -> str:
 
 class _Reporter:
     def __init__(self) -> None:
-        self.channel, self.nonce = _open_channel()
+        self.channel, self.settings = _open_channel()
+        self.nonce = str(self.settings.get("nonce", ""))
         self.snapshot: dict[str, Any] = {}  # taken at pytest_configure, before any test module is imported
         self.flagged: set[str] = set()
 
@@ -100,15 +138,205 @@ class _Reporter:
         except OSError:
             self.channel = None  # the channel was closed under us; the missing events will show
 
+    def tamper(self, detail: str) -> None:
+        if detail not in self.flagged and len(self.flagged) < 100:
+            self.flagged.add(detail)
+            self.emit("tamper", detail=detail)
+
     def check_internals(self) -> None:
         for name in _changed(self.snapshot) if self.snapshot else []:
-            if name not in self.flagged:
-                self.flagged.add(name)
-                self.emit("tamper", detail=f"{name} was replaced")
+            self.tamper(f"{name} was replaced")
+
+
+class _Audit:
+    """The audit hook: reports (and for test files, refuses) what candidate code does to the
+    tests. Code counts as the candidate's when its file is not a test, pytest, harness or standard
+    library file (the answer's module, anything it wrote, code it compiled from a string)."""
+
+    def __init__(self, reporter: _Reporter, tests: list[str]) -> None:
+        self.reporter = reporter
+        self.tests = {os.path.realpath(path) for path in tests}
+        self.test_files = set()  # (device, inode): a link to a test file is the test file
+        for path in self.tests:
+            try:
+                info = os.stat(path)
+                self.test_files.add((info.st_dev, info.st_ino))
+            except OSError:
+                pass
+        site = os.path.dirname(os.path.dirname(os.path.abspath(pytest.__file__)))
+        harness = os.path.dirname(os.path.abspath(__file__))
+        self.trusted = tuple(p.rstrip("/") + "/" for p in (site, harness))
+        self.neutral = tuple(p.rstrip("/") + "/" for p in {os.path.dirname(os.__file__), sys.base_prefix, sys.prefix})
+        self.kinds: dict[str, str] = {}
+        self.busy: set[int] = set()
+        self.findings = 0
+
+    def kind(self, filename: str) -> str:
+        """'harness' (tests, pytest, this plugin), 'neutral' (the standard library) or 'candidate'."""
+        kind = self.kinds.get(filename)
+        if kind is None:
+            path = os.path.realpath(filename) if filename.startswith("/") else filename
+            if path in self.tests or path.startswith(self.trusted):
+                kind = "harness"
+            elif path.startswith(self.neutral) or filename.startswith("<frozen "):
+                kind = "neutral"
+            else:
+                kind = "candidate"
+            self.kinds[filename] = kind
+        return kind
+
+    def candidate_caller(self) -> str | None:
+        """The file of the nearest candidate frame on the stack, if any."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if self.kind(filename) == "candidate":
+                return f"{filename}:{frame.f_lineno}"
+            frame = frame.f_back
+        return None
+
+    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
+        if event not in ("open", "import", "sys._getframe", "object.__getattr__") and event not in STACK_EVENTS:
+            return
+        me = threading.get_ident()
+        if me in self.busy or self.findings >= MAX_FINDINGS:
+            return
+        self.busy.add(me)
+        refuse = ""
+        try:
+            what = self.target(event, args)
+            if what:
+                caller = self.candidate_caller()
+                if caller:
+                    self.findings += 1
+                    self.reporter.tamper(f"{caller} {what}")
+                    refuse = what if event == "open" else ""
+        except Exception:  # noqa: BLE001, S110 - an audit hook must never fail the operation it watches
+            pass
+        finally:
+            self.busy.discard(me)
+        if refuse:
+            raise PermissionError(f"the answer may not read the tests ({refuse})")
+
+    def is_test(self, path: str | bytes) -> bool:
+        try:
+            info = os.stat(path)
+        except (OSError, ValueError):
+            return os.path.realpath(os.fsdecode(path)) in self.tests
+        return (info.st_dev, info.st_ino) in self.test_files
+
+    def target(self, event: str, args: tuple[Any, ...]) -> str:
+        """What the event reaches that belongs to the tests or the harness ('' when nothing)."""
+        if event == "open":
+            path = args[0]
+            if isinstance(path, (str, bytes)) and self.is_test(path):
+                return f"opened the test file {os.fsdecode(path)}"
+        elif event == "import":
+            if str(args[0]).split(".")[0] in FRAMEWORK:
+                return f"imported {args[0]}"
+        elif event == "sys._getframe":
+            frame = args[0]
+            if isinstance(frame, types.FrameType) and self.kind(frame.f_code.co_filename) == "harness":
+                return f"took the frame of {frame.f_code.co_name} ({frame.f_code.co_filename})"
+        elif event == "object.__getattr__":
+            obj, name = args[0], args[1]
+            if name in FRAME_READS:
+                code = getattr(obj, "__code__", None) if isinstance(obj, types.FunctionType) else None
+                frame = obj if isinstance(obj, types.FrameType) else getattr(obj, "tb_frame", None) \
+                    if isinstance(obj, types.TracebackType) else None
+                code = code or (frame.f_code if isinstance(frame, types.FrameType) else None)
+                if code is not None and self.kind(code.co_filename) == "harness":
+                    return f"read {name} of {code.co_name} ({code.co_filename})"
+        elif event in STACK_EVENTS:
+            return f"called {event}"
+        return ""
+
+
+def _descendants(root: int) -> list[tuple[int, str]]:
+    """Live processes below `root` (pid, name), from /proc; zombies are left out."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                data = file.read()
+        except OSError:
+            continue
+        close = data.rindex(b")")
+        state, parent = data[close + 2:].split()[:2]
+        if state != b"Z":
+            children.setdefault(int(parent), []).append(int(entry))
+            names[int(entry)] = data[data.index(b"(") + 1:close].decode(errors="replace")
+    found, pending = [], list(children.get(root, []))
+    while pending:
+        pid = pending.pop()
+        found.append((pid, names.get(pid, "?")))
+        pending.extend(children.get(pid, []))
+    return found
+
+
+class _PlantedModuleGuard:
+    """out_of_process: after collection, a module that appears in a writable folder of the test
+    process's import path (the workspace, say) is candidate code; importing it is refused."""
+
+    def __init__(self, reporter: _Reporter) -> None:
+        self.reporter = reporter
+        self.before = {d: set(os.listdir(d)) for d in {os.path.abspath(p or ".") for p in sys.path}
+                       if os.path.isdir(d) and os.access(d, os.W_OK)}
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if path is not None:
+            return
+        for folder, before in self.before.items():
+            try:
+                planted = [e for e in os.listdir(folder) if e.split(".")[0] == name and e not in before]
+            except OSError:
+                continue
+            if planted:
+                self.reporter.tamper(f"the answer planted {os.path.join(folder, planted[0])} on the tests' import path")
+                raise ImportError(f"{name} was planted by the answer")
 
 
 _reporter = _Reporter()
-_reporter.emit("start", cwd=os.getcwd())
+_reporter.emit("start", cwd=os.getcwd(), mode=str(_reporter.settings.get("mode", "in_process")))
+_prctl(PR_SET_DUMPABLE, 0)
+_prctl(PR_SET_CHILD_SUBREAPER, 1)
+_TESTS = [os.path.abspath(str(path)) for path in _reporter.settings.get("tests", [])]
+sys.addaudithook(_Audit(_reporter, _TESTS))
+_candidate: Any = None
+if _reporter.settings.get("mode") == "out_of_process":
+    import tidal_function_proxy
+
+    def _get_candidate() -> Any:
+        if _candidate is None:
+            raise RuntimeError("the tests called the answer before collection finished; use mode in_process")
+        return _candidate
+
+    sys.modules[str(_reporter.settings["module"])] = tidal_function_proxy.ProxyModule(
+        str(_reporter.settings["module"]), _get_candidate)
+
+
+def _start_candidate() -> None:
+    """out_of_process: tests out of reach, then the answer's process."""
+    global _candidate
+    import tidal_function_proxy
+
+    for path in _TESTS:
+        try:
+            with open(path, encoding="utf-8") as file:
+                lines = file.readlines()
+            linecache.cache[path] = (sum(map(len, lines)), None, lines, path)  # None: never rechecked
+            os.remove(path)
+        except OSError:
+            pass
+    sys.meta_path.insert(0, _PlantedModuleGuard(_reporter))  # type: ignore[arg-type]
+    server = os.path.join(os.path.dirname(os.path.abspath(tidal_function_proxy.__file__)), "tidal_candidate_server.py")
+    _candidate = tidal_function_proxy.CandidateProcess(
+        server, str(_reporter.settings["module"]), os.getcwd(), float(_reporter.settings.get("call_timeout_s", 5.0)),
+        _TESTS, _reporter.emit, float(_reporter.settings.get("timeout_s", 0)) or None)
+    _candidate.start()
 
 
 def pytest_configure(config: Any) -> None:
@@ -126,6 +354,8 @@ def pytest_collectreport(report: Any) -> None:
 
 def pytest_collection_finish(session: Any) -> None:
     _reporter.emit("collected", nodeids=[item.nodeid for item in session.items])
+    if _reporter.settings.get("mode") == "out_of_process":
+        _start_candidate()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -146,4 +376,15 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
     _reporter.check_internals()
+    if _candidate is not None:
+        _candidate.close()
+    left = _descendants(os.getpid())
+    if left:
+        _reporter.tamper(f"processes left running at the end of the session: "
+                         f"{', '.join(f'{pid} ({name})' for pid, name in left[:5])}")
+        for pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
     _reporter.emit("finish", exitstatus=int(exitstatus))

@@ -15,7 +15,15 @@ stdout or the exit code alone:
   marked xfail: skipped, xfailed, xpassed and missing tests are failures; value = passed / total;
 - test and task files are hashed before the run and checked after it; a changed or deleted one,
   a new conftest.py/pytest.ini/sitecustomize.py/.pth, a plugin registered from the workspace, a
-  replaced pytest internal or a report line without the nonce is `tampered` (value 0).
+  replaced pytest internal or a report line without the nonce is `tampered` (value 0), and so is
+  every tamper signal: the static scan of the answer (tamper_scan.py), the plugin's audit hook and
+  process scan, an exit with status 0 before the session ended, an exit status that is not
+  pytest's. The run is still judged, and the Score's info says what it would have scored.
+
+Modes (verifier arg `mode`, default `auto`, see process_mode.py): `in_process` imports the answer
+into the pytest process; `out_of_process` runs it in a separate process that the tests call with
+data only (function_proxy.py, candidate_server.py). `auto` picks out_of_process whenever the
+tests allow it. `call_timeout_s` (default half the run's timeout) bounds each call there.
 
 Outcomes (first that applies): infra_error (sandbox or pytest could not start; a broken task),
 tampered, timeout, memory_limit (limit hit, or a MemoryError in a test or at import), crashed
@@ -39,13 +47,35 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tidal.errors import SandboxUnavailableError
-from tidal.reward.registry import ScoringContext, check_answer, failed, task_problem, verifier
-from tidal.sandbox.base import BatchBackend, BatchJob, SandboxResult, SandboxStatus, safe_relative_path
+from tidal.reward.registry import (
+    ScoringContext,
+    check_answer,
+    failed,
+    task_problem,
+    verifier,
+)
+from tidal.reward.verifiers.process_mode import (
+    MODES,
+    choose_mode,
+    out_of_process_problems,
+)
+from tidal.reward.verifiers.tamper_scan import scan_answer
+from tidal.sandbox.base import (
+    BatchBackend,
+    BatchJob,
+    SandboxResult,
+    SandboxStatus,
+    safe_relative_path,
+)
 from tidal.types import Outcome, Score, Task
 
 PLUGIN_MODULE = "tidal_pytest_report"
 PLUGIN_SOURCE = (Path(__file__).parent / "pytest_report.py").read_text(encoding="utf-8")
-HARNESS_FILES = {f"{PLUGIN_MODULE}.py": PLUGIN_SOURCE}
+HARNESS_FILES = {
+    f"{PLUGIN_MODULE}.py": PLUGIN_SOURCE,
+    "tidal_function_proxy.py": (Path(__file__).parent / "function_proxy.py").read_text(encoding="utf-8"),
+    "tidal_candidate_server.py": (Path(__file__).parent / "candidate_server.py").read_text(encoding="utf-8"),
+}
 # What a batch's zygote imports once: pytest, the plugins every session loads (pytest's
 # `default_plugins`) and what they import when configured. A name this pytest lacks only costs time.
 PRELOAD = ("pytest", *(f"_pytest.{name}" for name in (
@@ -118,20 +148,25 @@ class Protected:
 
     hashes: dict[str, str]
     names: set[str] = field(default_factory=set)
+    removable: set[str] = field(default_factory=set)  # the harness deletes these (out_of_process tests)
 
     @classmethod
-    def of(cls, files: dict[str, str | bytes], exclude: str) -> Protected:
+    def of(cls, files: dict[str, str | bytes], exclude: str, removable: set[str] | None = None) -> Protected:
         hashes = {}
         for name, content in files.items():
             if name != exclude:
                 data = content.encode("utf-8") if isinstance(content, str) else content
                 hashes[name] = hashlib.sha256(data).hexdigest()
-        return cls(hashes, set(files))
+        return cls(hashes, set(files), set(removable or ()))
 
     def inspect(self, workspace: Path) -> list[str]:
         """What the run changed that it must not have. Runs after every sandboxed process is gone."""
-        findings = [f"{name} was changed or deleted" for name, digest in sorted(self.hashes.items())
-                    if _digest(workspace / name) != digest]
+        findings = []
+        for name, digest in sorted(self.hashes.items()):
+            found = _digest(workspace / name)
+            if found != digest and not (name in self.removable and not os.path.lexists(workspace / name)):
+                findings.append(f"{name} was changed or deleted" if name not in self.removable
+                                else f"{name} was re-created after the harness deleted it")
         seen = 0
         for folder, dirs, names in os.walk(workspace):
             for name in names:
@@ -233,36 +268,63 @@ def _test_verdicts(report: Report, defined: list[str]) -> tuple[list[str], dict[
     return total, reasons
 
 
-def verdict(result: SandboxResult, report: Report, defined: list[str], allowed_conftests: set[str], task: Task) -> Score:
-    """The score of one run, following the outcome order in the module docstring."""
-    info: dict[str, Any] = {"exit_code": result.exit_code, "wall_s": round(result.wall_s, 3)}
-    tamper = [f"{report.forged} report line(s) without the harness nonce"] if report.forged else []
+def _exit_signals(result: SandboxResult, report: Report) -> list[str]:
+    """Exits only candidate code makes: status 0 before the session finished (pytest never does
+    that; sys.exit(0)/os._exit(0) from the answer does, at import or in a test), or a status that is
+    not the one pytest finished with (an atexit hook rewriting it)."""
+    if result.status is not SandboxStatus.OK or not report.of("start"):
+        return []
+    finishes = report.of("finish")
+    if not finishes and result.exit_code == 0:
+        return ["the process exited with status 0 before pytest finished the session (an exit from the answer)"]
+    if finishes and result.exit_code != finishes[-1].get("exitstatus"):
+        return [(f"the process exited with status {result.exit_code}, pytest finished with "
+                 f"{finishes[-1].get('exitstatus')} (an exit from the answer after the tests)")]
+    return []
+
+
+def verdict(result: SandboxResult, report: Report, defined: list[str], allowed_conftests: set[str], task: Task,
+            static: list[str] | None = None, mode: str = "in_process") -> Score:
+    """The score of one run, following the outcome order in the module docstring. `static`: the
+    findings of the static scan of the answer (tamper_scan.py)."""
+    info: dict[str, Any] = {"exit_code": result.exit_code, "wall_s": round(result.wall_s, 3), "mode": mode}
+    tamper = [f"static: {finding}" for finding in static or []]
+    tamper += [f"{report.forged} report line(s) without the harness nonce"] if report.forged else []
     tamper += [str(e.get("detail")) for e in report.of("tamper")]
     tamper += list(result.after_value or [])
     tamper += _plugin_files(report, allowed_conftests)
     tamper += _inconsistencies(report)
+    tamper += _exit_signals(result, report)
+    tamper = list(dict.fromkeys(tamper))
     if not report.of("start"):
         if tamper:
+            info["tamper"] = tamper[:20]
             return Score(0.0, Outcome.TAMPERED, {"tests": 0.0}, "; ".join(tamper[:5]), info)
         return Score(0.0, Outcome.INFRA_ERROR, {}, f"task {task.id}: pytest did not start in the sandbox "
                      f"({result.status.value}{', ' + result.detail if result.detail else ''}): "
                      f"{result.stderr_text[-1000:].strip()}", info)
-    if tamper:
-        return Score(0.0, Outcome.TAMPERED, {"tests": 0.0}, "; ".join(tamper[:5]), info)
+    unsupported = report.of("unsupported")
+    if unsupported and not tamper:
+        return task_problem(task, f"out_of_process: {unsupported[0].get('detail')}; set verifier mode: in_process")
 
     total, reasons = _test_verdicts(report, defined)
     if not total:
         return task_problem(task, "its test files define no tests")
     failing = [n for n in total if reasons[n]]
     passed = len(total) - len(failing)
+    info.update(passed=passed, total=len(total), failing=[f"{n} ({reasons[n]})" for n in failing[:20]])
+    if tamper:
+        info["tamper"] = tamper[:20]
+        return Score(0.0, Outcome.TAMPERED, {"tests": 0.0}, "; ".join(tamper[:5]), info)
+
     finished = bool(report.of("finish"))
     collect_errors = report.of("collect_error")
-    memory = any(e.get("exception") == "MemoryError" for e in report.of("phase")) or any(
+    candidate = {str(e.get("status")): e for e in report.of("candidate")}
+    memory = any(e.get("exception") == "MemoryError" for e in [*report.of("phase"), *candidate.values()]) or any(
         "MemoryError" in str(e.get("longrepr", "")) for e in collect_errors)
     clean = finished and result.status is SandboxStatus.OK and result.exit_code == 0
     # Every test passed but the session did not end cleanly: its end counts as one more check.
     value = passed / len(total) if failing or clean else passed / (len(total) + 1)
-    info.update(passed=passed, total=len(total), failing=[f"{n} ({reasons[n]})" for n in failing[:20]])
     failures = [str(e.get("longrepr", "")) for e in collect_errors] + [
         str(e.get("longrepr", "")) for e in report.of("phase") if not e.get("ok")]
     if failures:
@@ -272,14 +334,18 @@ def verdict(result: SandboxResult, report: Report, defined: list[str], allowed_c
         summary += "; failing: " + ", ".join(info["failing"][:3])
     if collect_errors:
         summary += f"; collection errors in {', '.join(str(e.get('nodeid')) for e in collect_errors[:3])}"
+    died = candidate.get("exited") or candidate.get("protocol")
 
-    if result.status is SandboxStatus.TIMEOUT:
-        outcome, summary = Outcome.TIMEOUT, f"{result.detail}; {summary}"
+    if result.status is SandboxStatus.TIMEOUT or "timeout" in candidate:
+        how = result.detail if result.status is SandboxStatus.TIMEOUT else candidate["timeout"].get("detail")
+        outcome, summary = Outcome.TIMEOUT, f"{how}; {summary}"
     elif result.status is SandboxStatus.MEMORY_LIMIT or (memory and failing):
         outcome, summary = Outcome.MEMORY_LIMIT, f"memory limit; {summary}"
     elif not finished or result.status is SandboxStatus.CRASHED:
         how = result.detail or f"exit code {result.exit_code}"
         outcome, summary = Outcome.CRASHED, f"pytest ended before finishing the session ({how}); {summary}"
+    elif died is not None:
+        outcome, summary = Outcome.CRASHED, f"{died.get('detail')}; {summary}"
     elif clean and not failing:
         outcome = Outcome.PASSED
     else:
@@ -298,18 +364,27 @@ class Prepared:
     defined: list[str]  # the test ids the test files define
     protected: Protected
     allowed_conftests: set[str]
+    mode: str = "in_process"
+    module: str = ""  # the answer's module (out_of_process)
+    tests: list[str] = field(default_factory=list)  # every test file (the audit hook guards them)
+    static: list[str] = field(default_factory=list)  # findings of the static tamper scan
+    call_timeout_s: float | None = None
     nonce: str = field(default_factory=lambda: secrets.token_hex(16))
 
     def job(self, task: Task, python: str, ctx: ScoringContext) -> BatchJob:
         # `python -m pytest` puts the workspace on sys.path, as task authors expect.
         argv = [python, "-s", "-B", "-m", "pytest", "-p", PLUGIN_MODULE, "-p", "no:cacheprovider",
                 "-q", "--color=no", "--tb=short", "-o", "addopts=", "--rootdir=.", *self.paths]
-        return BatchJob(argv, self.files, ctx.limits(task), env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-                        after=self.protected.inspect, report_input=self.nonce.encode("ascii"))
+        limits = ctx.limits(task)
+        settings = {"nonce": self.nonce, "mode": self.mode, "module": self.module, "tests": self.tests,
+                    "call_timeout_s": self.call_timeout_s or max(1.0, limits.timeout_s / 2),
+                    "timeout_s": limits.timeout_s}
+        return BatchJob(argv, self.files, limits, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+                        after=self.protected.inspect, report_input=json.dumps(settings).encode("ascii"))
 
     def score(self, task: Task, result: SandboxResult) -> Score:
         report = Report.parse(result.report, self.nonce, result.report_truncated)
-        return verdict(result, report, self.defined, self.allowed_conftests, task)
+        return verdict(result, report, self.defined, self.allowed_conftests, task, self.static, self.mode)
 
 
 def prepare(task: Task, answer: str) -> Prepared | Score:
@@ -319,7 +394,14 @@ def prepare(task: Task, answer: str) -> Prepared | Score:
         return problem
     if not task.tests:
         return task_problem(task, "has no tests")
-    entrypoint = str(task.verifier.args.get("entrypoint", "solution.py"))
+    args = task.verifier.args
+    entrypoint = str(args.get("entrypoint", "solution.py"))
+    requested = str(args.get("mode", "auto"))
+    if requested not in MODES:
+        return task_problem(task, f"mode {requested!r} is not one of {', '.join(MODES)}")
+    call_timeout_s = args.get("call_timeout_s")
+    if call_timeout_s is not None and (not isinstance(call_timeout_s, (int, float)) or call_timeout_s <= 0):
+        return task_problem(task, f"call_timeout_s must be a positive number of seconds, not {call_timeout_s!r}")
     try:
         safe_relative_path(entrypoint)
         for name in [*task.files, *task.tests]:
@@ -337,12 +419,20 @@ def prepare(task: Task, answer: str) -> Prepared | Score:
         defined = [n for path in paths for n in defined_test_ids(path, task.tests[path])]
     except SyntaxError as error:
         return task_problem(task, f"test file {error.filename} does not parse (line {error.lineno}): {error.msg}")
+    mode, why = choose_mode(requested, [] if requested == "in_process" else
+                            out_of_process_problems(entrypoint, task.tests, task.files, paths))
+    if not mode:
+        return task_problem(task, why)
 
     files: dict[str, str | bytes] = {entrypoint: code}
     files.update((name, content) for name, content in task.files.items() if name != entrypoint)
     files.update(task.tests)
     allowed_conftests = {n for n in files if PurePosixPath(n).name == "conftest.py"}
-    return Prepared(files, paths, defined, Protected.of(files, exclude=entrypoint), allowed_conftests)
+    removable = set(task.tests) if mode == "out_of_process" else set()
+    return Prepared(files, paths, defined, Protected.of(files, exclude=entrypoint, removable=removable),
+                    allowed_conftests, mode=mode, module=PurePosixPath(entrypoint).stem,
+                    tests=sorted(task.tests), static=scan_answer(code, sorted(task.tests)),
+                    call_timeout_s=float(call_timeout_s) if call_timeout_s is not None else None)
 
 
 def python_tests_batch(task: Task, answers: list[str], ctx: ScoringContext) -> list[Score]:

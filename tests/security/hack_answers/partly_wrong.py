@@ -1,0 +1,2 @@
+def f(xs):
+    return sum(x for x in xs if x > 0) + 3
