@@ -66,7 +66,10 @@ class SandboxResult:
     after_value: Any = None  # what the `after` callback returned
     detail: str = ""  # why the status is what it is, for humans
     cpu_s: float | None = None  # CPU seconds (user + system) of the whole process tree, when measured
-    max_rss_mb: float | None = None  # peak resident memory (largest process, or the cgroup's peak)
+    # Peak memory: with a cgroup, what was charged to it (anonymous memory, tmpfs, page cache it
+    # brought in; not shared libraries the host had cached); without one, the largest process's
+    # peak RSS, or None when that cannot be told apart from the supervising process's own peak.
+    max_rss_mb: float | None = None
 
     @property
     def stdout_text(self) -> str:

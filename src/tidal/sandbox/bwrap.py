@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import resource
 import secrets
 import select
 import shutil
@@ -135,6 +136,10 @@ def _parent_dirs(paths: list[str]) -> list[str]:
                 seen.add(folder)
                 args += ["--perms", "0755", "--dir", folder]
     return args
+
+
+def _own_peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _exit_and_signal(returncode: int) -> tuple[int | None, int | None]:
@@ -366,10 +371,13 @@ class BwrapBackend:
             cpu_s, max_rss_mb, oom = run.cpu_s, run.max_rss_mb, False
             if group is not None:
                 cpu_s = group.cpu_s() if group.cpu_s() is not None else cpu_s
-                # The cgroup's peak misses pages first charged elsewhere (shared libraries in the
-                # page cache); the largest process's own peak misses the others: take the larger.
-                max_rss_mb = max((m for m in (group.peak_mb(), max_rss_mb) if m is not None), default=None)
+                # wait4's figure is polluted (below); the cgroup's peak is the sandbox's own memory.
+                max_rss_mb = group.peak_mb()
                 oom = group.oom_killed()
+            elif max_rss_mb is not None and max_rss_mb <= _own_peak_mb():
+                # Linux carries a process's peak RSS across fork and exec, so bwrap, started from
+                # this (maybe large) process, reports at least our peak: no figure beats a wrong one.
+                max_rss_mb = None
         finally:
             for end in (child_socket, parent_socket):
                 if end is not None:

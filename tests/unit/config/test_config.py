@@ -7,7 +7,9 @@ from tidal.config import load_config, save_config
 from tidal.config.load import parse_override
 from tidal.errors import ConfigError
 
-CONFIGS = sorted((Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
+SHIPPED = sorted((Path(__file__).resolve().parents[3] / "configs").glob("*.yaml"))
+EVAL_CONFIGS = [p for p in SHIPPED if p.stem == "eval"]  # `tidal eval --config`, its own schema
+CONFIGS = [p for p in SHIPPED if p not in EVAL_CONFIGS]
 
 
 def test_configs_are_shipped() -> None:
@@ -18,6 +20,16 @@ def test_configs_are_shipped() -> None:
 def test_every_shipped_config_loads(path: Path) -> None:
     cfg = load_config(path)
     assert cfg.tasks.domains
+
+
+@pytest.mark.parametrize("path", EVAL_CONFIGS, ids=lambda p: p.name)
+def test_shipped_eval_config_loads(path: Path) -> None:
+    from tidal.eval.settings import load_eval_settings
+
+    settings = load_eval_settings(path)
+    raw = yaml.safe_load(path.read_text())
+    for key, value in raw["checklist"].items():
+        assert getattr(settings.checklist, key) == value, key
 
 
 def test_every_error_reported_at_once_with_its_path(tmp_path: Path) -> None:
