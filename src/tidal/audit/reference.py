@@ -22,7 +22,6 @@ from __future__ import annotations
 import ast
 import random
 import re
-import resource
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -175,7 +174,7 @@ def check_reference(task: Task, ctx: AuditContext, measurements: dict[str, Any])
 def check_limits(task: Task, ctx: AuditContext, measurements: dict[str, Any]) -> list[Finding]:
     """Check 7: the reference's wall time, CPU time and peak memory, the least of its passing runs
     (the least disturbed by load), must stay within the task's limits divided by the margin. Peak
-memory at or under this process's own peak RSS is not compared (see `rss_floor_mb`)."""
+    memory is compared only where the sandbox measured it (a cgroup host)."""
     if task.reference is None or not task.reference.strip() or task.verifier.name not in SANDBOX_VERIFIERS:
         return []
     runs = [r for r in ctx.reference_runs(task, run_reference) if r.score.outcome is Outcome.PASSED]
@@ -184,16 +183,12 @@ memory at or under this process's own peak RSS is not compared (see `rss_floor_m
     margin, limits = ctx.config.limit_margin, task.limits
     measured = {key: min(values) for key in ("wall_s", "cpu_s", "max_rss_mb")
                 if (values := [getattr(r, key) for r in runs if getattr(r, key) is not None])}
-    # Linux keeps a process's peak RSS across fork and exec, so a sandbox measured by wait4 reports
-    # at least this (auditing) process's own peak; a reading at or under it says nothing.
-    floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    if measured.get("max_rss_mb", 0.0) <= floor * 1.05:
-        measured.pop("max_rss_mb", None)
+    # The sandbox reports peak memory from its cgroup, or None where it cannot tell the sandbox's
+    # own figure from this process's (SandboxResult.max_rss_mb); a None is not compared.
     budget = {"wall_s": limits.timeout_s, "cpu_s": limits.timeout_s, "max_rss_mb": float(limits.memory_mb)}
     over = [f"{key} {value:.2f} > {budget[key]:g}/{margin:g}" for key, value in measured.items()
             if value > budget[key] / margin]
-    evidence = {"measured": {k: round(v, 3) for k, v in measured.items()}, "limits": budget, "margin": margin,
-                "rss_floor_mb": round(floor, 1)}
+    evidence = {"measured": {k: round(v, 3) for k, v in measured.items()}, "limits": budget, "margin": margin}
     measurements["reference_usage"] = evidence["measured"]
     if not over:
         return []
