@@ -13,7 +13,8 @@ from tidal.tasks import generate_tasks, known_families, reference_answer
 from tidal.tasks.families import knowledge
 from tidal.types import Task
 
-FAMILIES = ["code", "general", "knowledge", "math", "reasoning"]
+FAMILIES = ["code", "general", "knowledge", "math", "reasoning"]  # single-turn, sized for the tiny model
+MULTI_TURN = ["agent"]  # tests/unit/agent covers it
 VERIFIERS = {
     "code": "python_tests",
     "general": "regex",
@@ -25,11 +26,11 @@ PROMPT_BUDGET, ANSWER_BUDGET, CODE_BUDGET = 90, 40, 70
 
 
 def test_known_families_lists_the_built_ins() -> None:
-    assert known_families() == FAMILIES
+    assert known_families() == sorted(FAMILIES + MULTI_TURN)
 
 
 def test_unknown_family_lists_the_known_ones() -> None:
-    with pytest.raises(UnknownNameError, match="known: code, general, knowledge, math, reasoning"):
+    with pytest.raises(UnknownNameError, match="known: agent, code, general, knowledge, math, reasoning"):
         generate_tasks("poetry", 3, "train", 0)
 
 
