@@ -74,12 +74,24 @@ def interleaved(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, l
     return seconds
 
 
+def image_interpreter() -> tuple[str, dict[str, str]]:
+    """The sandbox's own interpreter (the default image's) as the host sees it, and the environment
+    that gives it the image's packages: the bare baseline runs exactly what the sandbox runs,
+    minus the isolation (the venv's interpreter would load the host's site-packages and .pth files)."""
+    from tidal.sandbox.bwrap import PYTHON_ROOT, SITE_ROOT, image_mounts
+
+    mounts = image_mounts()
+    host = {inside: path for path, inside in mounts.binds}
+    python = host[PYTHON_ROOT] + mounts.python[len(PYTHON_ROOT):]
+    return python, {"PYTHONPATH": host[SITE_ROOT], "PATH": "/usr/bin:/bin"}
+
+
 def bare(argv: list[str], files: dict[str, str]) -> int:
     """`argv` as a plain subprocess in a temporary folder holding `files`; the exit code."""
     with tempfile.TemporaryDirectory(prefix="tidal-bench-") as folder:
         for name, content in files.items():
             Path(folder, name).write_text(content)
-        env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", **image_interpreter()[1]}
         return subprocess.run(argv, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               timeout=60).returncode
 
@@ -106,7 +118,7 @@ def overhead(args: argparse.Namespace, backend: Any, pool: Any) -> dict[str, flo
         return lambda: [backend.run([backend.python, *flags, *argv], files, limits, env=env) for _ in range(args.runs)]
 
     def plain(argv: list[str], files: dict[str, str]) -> Callable[[], None]:
-        return lambda: [bare([sys.executable, *flags, *argv], files) for _ in range(args.runs)]
+        return lambda: [bare([image_interpreter()[0], *flags, *argv], files) for _ in range(args.runs)]
 
     runs = {
         "pass, pool": isolated(["main"], {"main.py": "pass\n"}),
@@ -173,14 +185,16 @@ def measure_snapshot_restore(backend: Any, repeats: int) -> dict[str, float] | N
     return row
 
 
-def verification(args: argparse.Namespace) -> dict[str, float]:
-    """Samples/s of `Scorer.score_many` on a warm pool and of bare pytest per sample; agreement."""
+def verification(args: argparse.Namespace, mode: str) -> dict[str, float]:
+    """Samples/s of `Scorer.score_many` on a warm pool (python_tests `mode`) and of bare pytest
+    per sample; agreement."""
     from tidal.config.schema import RewardConfig, SandboxConfig
     from tidal.reward import Scorer
     from tidal.tasks import generate_tasks, reference_answer
     from tidal.types import Outcome
 
-    tasks = generate_tasks("code", args.tasks, "train", args.seed)
+    tasks = [task.model_copy(update={"verifier": task.verifier.model_copy(update={"mode": mode})})
+             for task in generate_tasks("code", args.tasks, "train", args.seed)]
     items = [(task, answer) for task in tasks for answer in variants(reference_answer(task))]
     verdicts: dict[str, list[bool]] = {}
     with Scorer(RewardConfig(sandbox=SandboxConfig(workers=args.workers), cache=False)) as scorer, \
@@ -190,14 +204,15 @@ def verification(args: argparse.Namespace) -> dict[str, float]:
             verdicts["pool"] = [s.outcome is Outcome.PASSED for s in scorer.score_many(items)]
 
         def plain() -> None:
-            verdicts["bare"] = [code == 0 for code in threads.map(lambda item: plain_pytest(*item), items)]
+            python, env = image_interpreter()
+            verdicts["bare"] = [code == 0 for code in threads.map(lambda item: plain_pytest(*item, python, env), items)]
 
         seconds = interleaved({"pool": pool, "bare pytest": plain}, args.repeats)
     row = {f"samples/s, {name}": len(items) / statistics.median(s) for name, s in seconds.items()}
     row["speedup"] = statistics.median(b / p for p, b in zip(seconds["pool"], seconds["bare pytest"]))
     row["samples"] = len(items)
     row["agree"] = sum(a == b for a, b in zip(verdicts["pool"], verdicts["bare"]))
-    print(f"verify    pool {row['samples/s, pool']:.1f} samples/s, bare pytest {row['samples/s, bare pytest']:.1f} "
+    print(f"verify    {mode:14s} pool {row['samples/s, pool']:.1f} samples/s, bare pytest {row['samples/s, bare pytest']:.1f} "
           f"samples/s: {row['speedup']:.2f}x; verdicts agree on {row['agree']:.0f}/{len(items)}")
     if row["agree"] != len(items):
         raise SystemExit("the pool's verdicts differ from bare pytest's")
@@ -208,27 +223,34 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
     import pytest
 
     o, r, v, snap = rows["overhead"], rows["runs"], rows["verify"], rows["snapshot"]
+    vi = rows["verify in_process"]
     command = "python bench/sandbox.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
     lines = [
         SECTION, "",
         "Isolated runs through a warm `SandboxPool` (a forked child of a zygote that imported pytest once, in a "
         "fresh workspace, every process killed and /tmp emptied after it) against the same command as a bare "
-        f"subprocess on the host. Medians of {args.repeats} interleaved rounds after a warm-up, same process.", "",
+        f"subprocess on the host running the sandbox's own interpreter (the default image's, so both sides import the same "
+        f"files). Medians of {args.repeats} interleaved rounds after a warm-up, same process.", "",
         f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- machine: {machine()}; load average (1 min) at the start of each part: {', '.join(loads)}",
         f"- versions: Python {platform.python_version()}, pytest {pytest.__version__}",
         f"- command: `{command}`", "",
-        "| per run (ms) | pool | bare subprocess | pool / bare | cold sandbox |", "|---|---:|---:|---:|---:|",
-        f"| `pass` | {o['pass, pool']:.1f} | {o['pass, bare']:.1f} | **{o['pass ratio']:.2f}x** | {o['pass, cold sandbox']:.1f} |",
+        "| per run (ms) | pool | bare subprocess | pool / bare | cold sandbox | cold / bare |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| `pass` | {o['pass, pool']:.1f} | {o['pass, bare']:.1f} | **{o['pass ratio']:.2f}x** | {o['pass, cold sandbox']:.1f} "
+        f"| {o['pass, cold sandbox'] / o['pass, bare']:.2f}x |",
         f"| 3-test pytest file | {o['pytest, pool']:.1f} | {o['pytest, bare']:.1f} | **{o['pytest ratio']:.2f}x** "
-        f"| {o['pytest, cold sandbox']:.1f} |", "",
+        f"| {o['pytest, cold sandbox']:.1f} | {o['pytest, cold sandbox'] / o['pytest, bare']:.2f}x |", "",
         f"- isolated `pass`-like runs per second: **{r['runs/s, pool']:.0f}** with a pool of {args.workers} zygotes, "
         f"{r['runs/s, one zygote']:.0f} with one ({r['scaling']:.2f}x)",
         "- snapshot / restore of a session workspace (3 files + 1 MiB): "
         + (f"{snap['snapshot ms']:.1f} ms / {snap['restore ms']:.1f} ms" if snap else "not measured (no snapshot()/restore())"),
-        f"- verification, {args.tasks} `code` tasks x 8 answers, {args.workers} at a time: pool (`Scorer.score_many`, "
-        f"every check of `python_tests`) **{v['samples/s, pool']:.1f}** samples/s, bare `python -m pytest` per sample "
-        f"{v['samples/s, bare pytest']:.1f}: **{v['speedup']:.2f}x**; verdicts agreed on {v['agree']:.0f}/{v['samples']:.0f}",
+        f"- verification, {args.tasks} `code` tasks x 8 answers, {args.workers} at a time, pool (`Scorer.score_many`, "
+        "every check of `python_tests`) against bare `python -m pytest` per sample with the same interpreter:",
+        f"  - mode auto (out of process: the answer in its own interpreter): **{v['samples/s, pool']:.1f}** samples/s "
+        f"vs {v['samples/s, bare pytest']:.1f}: **{v['speedup']:.2f}x**; verdicts agreed on {v['agree']:.0f}/{v['samples']:.0f}",
+        f"  - mode in_process: **{vi['samples/s, pool']:.1f}** samples/s vs {vi['samples/s, bare pytest']:.1f}: "
+        f"**{vi['speedup']:.2f}x**; verdicts agreed on {vi['agree']:.0f}/{vi['samples']:.0f}",
         "",
     ]
     return "\n".join(lines)
@@ -253,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
         rows["runs"] = runs_per_second(args, backend, pool, single)
     load()
     rows["snapshot"] = measure_snapshot_restore(backend, args.repeats)
-    rows["verify"] = verification(args)
+    rows["verify"] = verification(args, "auto")  # the code family's tasks run out of process under auto
+    rows["verify in_process"] = verification(args, "in_process")
     load()
     print(f"load average (1 min) at the start of each part and the end: {', '.join(loads)}")
     if not args.no_write:

@@ -72,7 +72,7 @@ def variants(reference_answer: str) -> list[str]:
     return [f"```python\n{code}```" for code in codes]
 
 
-def plain_pytest(task: Task, answer: str) -> int:
+def plain_pytest(task: Task, answer: str, python: str = sys.executable, extra_env: dict[str, str] | None = None) -> int:
     """The baseline: the answer and the tests in a temporary folder, `python -m pytest` on the
     host, no sandbox, no report plugin, no checks; the exit code."""
     from tidal.reward.verifiers.python_tests import extract_code, pytest_targets
@@ -81,9 +81,9 @@ def plain_pytest(task: Task, answer: str) -> int:
         Path(folder, "solution.py").write_text(extract_code(answer))
         for name, content in task.tests.items():
             Path(folder, name).write_text(content)
-        env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", **(extra_env or {})}
         return subprocess.run(
-            [sys.executable, "-s", "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+            [python, "-s", "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
              "--rootdir=.", *pytest_targets(task.tests)],
             cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
         ).returncode
