@@ -11,22 +11,15 @@ group's rewards are equal) and is reported as `info`.
 from __future__ import annotations
 
 import threading
-from math import comb
 from pathlib import Path
 from typing import Any
 
 from tidal.audit.context import AuditContext, Policy
 from tidal.audit.records import Finding
+from tidal.eval.stats import pass_at_k
 from tidal.types import Outcome, Task
 
 CHECK = "difficulty"
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The unbiased pass@k estimate from n samples with c correct (Chen et al., 2021)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - comb(n - c, k) / comb(n, k)
 
 
 def load_policy(path: str, device: str = "auto", max_new_tokens: int = 128, temperature: float = 1.0) -> Policy:
