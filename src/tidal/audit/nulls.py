@@ -22,7 +22,7 @@ from tidal.audit.code import callable_names, fenced, is_python_program
 from tidal.audit.context import AuditContext
 from tidal.audit.records import Finding
 from tidal.reward.verifiers.text import normalise
-from tidal.types import Outcome, Task
+from tidal.types import Outcome, Score, Task
 
 CHECK = "null_solution"
 STUB_RETURNS = {"returns None": "None", "returns 0": "0", 'returns ""': '""', "returns the input": "args[0] if args else None"}
@@ -88,8 +88,34 @@ def check_null_solutions(task: Task, ctx: AuditContext, measurements: dict[str, 
         else:
             severity, text = "info", f"a null answer ({name}) gets partial credit {score.value:.2f}"
         findings.append(Finding(CHECK, severity, text, evidence))
+    if task.tools:  # an agent task: its acceptance tests on the untouched starting workspace
+        score = do_nothing_score(task, ctx)
+        measurements["do_nothing_reward"] = score.value
+        if score.value > 0 and score.outcome is not Outcome.INFRA_ERROR:
+            worst = max(worst, score.value)
+            evidence = {"null": "do-nothing agent", "reward": score.value, "outcome": score.outcome.value,
+                        "detail": score.detail[:500]}
+            severity = "quarantine" if score.value >= 1 else "warn" if score.value > warn_above else "info"
+            findings.append(Finding(CHECK, severity,
+                                    f"an agent that does nothing scores {score.value:.2f}: the tests accept the starting workspace",
+                                    evidence))
     measurements["null_max_reward"] = worst
     return findings
+
+
+def do_nothing_score(task: Task, ctx: AuditContext) -> Score:
+    """The acceptance verdict of an episode with no actions: a session holding only the task's
+    starting files, checked exactly as the agent harness checks a finished episode."""
+    from tidal.agent.acceptance import run_acceptance
+    from tidal.sandbox.session import SessionStore, open_session
+
+    backend = ctx.sandbox(task.image)
+    store = SessionStore()
+    try:
+        with open_session(backend, dict(task.files), task.limits, store) as session:
+            return run_acceptance(task, session, backend, ctx.scoring(task))
+    finally:
+        store.close()
 
 
 def _what(task: Task) -> str:
