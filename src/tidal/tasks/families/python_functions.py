@@ -78,8 +78,23 @@ def _constants(rng: random.Random, kind: str) -> dict[str, int]:
     return {"k": rng.randint(1, 20)}
 
 
-def _inputs(rng: random.Random, argument: str, constants: dict[str, int]) -> list[Any]:
-    """Four inputs; scalar ones straddle the constant so a comparison's both branches are tested."""
+def _inputs(rng: random.Random, argument: str, constants: dict[str, int], kind: str = "") -> list[Any]:
+    """Four inputs; scalar ones straddle the constant so a comparison's both branches are tested.
+    Both branches are also what the auditor's null answers and mutants probe: parity gets two even
+    and two odd numbers (a stub returning one branch's value scores half, not three quarters), and
+    max_floor gets a list wholly under its floor and one reaching over it (so a changed floor fails)."""
+    if kind == "parity":
+        values = [2 * v for v in rng.sample(range(-5, 6), 2)] + [2 * v + 1 for v in rng.sample(range(-5, 5), 2)]
+        rng.shuffle(values)
+        return values
+    if kind == "max_floor":
+        k = constants["k"]
+        under = [rng.randint(k - 12, k - 1) for _ in range(rng.randint(1, 5))]
+        over = [rng.randint(-3, k + 8) for _ in range(rng.randint(1, 5))] + [rng.randint(k + 1, k + 8)]
+        rng.shuffle(over)
+        lists = [under, over] + [[rng.randint(-3, k + 8) for _ in range(rng.randint(1, 6))] for _ in range(2)]
+        rng.shuffle(lists)
+        return lists
     if argument == "x":
         centre = constants.get("k", 0) if "m" not in constants else 0
         values = rng.sample(range(centre - 9, centre), 2) + rng.sample(range(centre, centre + 10), 2)
@@ -121,7 +136,7 @@ def make_code(rng: random.Random, difficulty: int) -> Draft:
         expression = expression_template.format(**constants)
         key = kind + "".join(f":{constants[c]}" for c in sorted(constants))
     for _ in range(100):
-        tests = _tests(name, expression, argument, _inputs(rng, argument, constants))
+        tests = _tests(name, expression, argument, _inputs(rng, argument, constants, kind))
         if tests is not None:
             break
     else:
