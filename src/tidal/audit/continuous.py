@@ -115,6 +115,20 @@ class TaskWatch:
                     f"({heldout:.2f}) by more than {cfg.max_heldout_gap:g}")
         return ""
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the watch has counted, for the run's checkpoint (JSON-safe)."""
+        return {
+            "signals": {task: vars(signals).copy() for task, signals in self.signals.items()},
+            "quarantined": {task: vars(q).copy() for task, q in self.quarantined.items()},
+            "heldout": dict(self.heldout),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue counting where a checkpoint stopped (a resumed run keeps its evidence)."""
+        self.signals = defaultdict(TaskSignals, {t: TaskSignals(**v) for t, v in state.get("signals", {}).items()})
+        self.quarantined = {t: Quarantine(**v) for t, v in state.get("quarantined", {}).items()}
+        self.heldout = dict(state.get("heldout", {}))
+
     def metrics(self) -> dict[str, Any]:
         """For the run's metrics: tasks quarantined so far, and the highest tamper rate seen."""
         rates = [s.tampered / s.samples for s in self.signals.values() if s.samples]

@@ -163,7 +163,8 @@ def save_rl_checkpoint(parts: LoopParts, step: int) -> None:
     parts.trainer.save(
         root / f"step-{step:06d}",
         step,
-        extra={"mixer": parts.mixer.state_dict(), "weight_version": step},
+        extra={"mixer": parts.mixer.state_dict(), "weight_version": step,
+               "watch": parts.watch.state_dict() if parts.watch is not None else None},
         tokenizer=parts.engine.tokenizer,
     )
     prune_checkpoints(root, parts.config.trainer.keep_checkpoints)
@@ -176,5 +177,7 @@ def resume_rl(parts: LoopParts) -> int:
         return 0
     step, extra = parts.trainer.load(latest)
     parts.mixer.load_state_dict(extra["mixer"])
+    if parts.watch is not None and extra.get("watch"):
+        parts.watch.load_state_dict(extra["watch"])
     parts.engine.update_weights(None, version=int(extra.get("weight_version", step)))
     return step

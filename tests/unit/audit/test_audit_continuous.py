@@ -43,6 +43,26 @@ def test_tamper_rate_quarantines_after_min_samples() -> None:
     assert watch.metrics() == {"audit/quarantined": 1, "audit/max_tamper_rate": 0.5}
 
 
+def test_the_watch_resumes_its_counts_from_a_checkpoint() -> None:
+    """Evidence seen before a crash still counts after the resume (the state goes through JSON)."""
+    import json
+
+    tasks = {"a": task("a")}
+    before = TaskWatch(CONFIG)
+    before.set_heldout({"code": 0.25})
+    assert before.observe(episodes("a", "g1", [Outcome.TAMPERED, Outcome.FAILED, Outcome.FAILED]), tasks, 1) == []
+    resumed = TaskWatch(CONFIG)
+    resumed.load_state_dict(json.loads(json.dumps(before.state_dict())))
+    assert resumed.heldout == {"code": 0.25}
+    [decision] = resumed.observe(episodes("a", "g2", [Outcome.TAMPERED]), tasks, 2)
+    assert decision.reason == "tamper rate 2/4 >= 0.5"  # 1 of 3 before the resume, 1 of 1 after
+    fresh = TaskWatch(CONFIG)
+    assert fresh.observe(episodes("a", "g2", [Outcome.TAMPERED]), tasks, 2) == []  # what a reset would miss
+    again = TaskWatch(CONFIG)
+    again.load_state_dict(json.loads(json.dumps(resumed.state_dict())))
+    assert set(again.quarantined) == {"a"}
+
+
 def test_short_all_pass_groups_count_only_when_the_reference_is_long() -> None:
     tasks = {"code": task("code"), "math": task("math", "math", reference="42")}
     watch = TaskWatch(CONFIG)
