@@ -7,8 +7,8 @@ PYTHONHASHSEED (run i gets seed i; bwrap's `hash_seed`) and a different test ord
 the tests as written, run 1 reverses the order of the top-level tests in every test module, run
 i >= 2 shuffles it with seed i. pytest runs a module's tests in definition order, so reordering
 their source text reorders their execution: tests that pass only after another test has set
-module state, or that depend on set/dict iteration order of strings, fail some runs. The order of
-test *files* is pytest's (sorted) and is not varied. For `program_io` the cases are reversed or
+module state, or that depend on set/dict iteration order of strings, fail some runs. With several
+test modules, their order is reversed or shuffled the same way (python_tests' `test_order`). For `program_io` the cases are reversed or
 shuffled instead. Text verifiers (exact_match, math, regex) are pure functions and run once.
 
 **Verdicts.** Every run fails: `quarantine`, classified from the verifier's evidence as a missing
@@ -28,6 +28,7 @@ from typing import Any
 from tidal.audit.code import test_sources
 from tidal.audit.context import SANDBOX_VERIFIERS, AuditContext, ReferenceRun
 from tidal.audit.records import Finding
+from tidal.reward.verifiers.python_tests import pytest_targets
 from tidal.tasks.reference import reference_answer
 from tidal.types import Outcome, Score, Task
 
@@ -84,7 +85,13 @@ def variant(task: Task, order: str) -> Task:
                 tests[name] = reorder_tests(source, order)
             except SyntaxError:
                 pass  # the schema check reports it
-        return task.model_copy(update={"tests": tests})
+        modules = pytest_targets(task.tests)
+        if len(modules) < 2:
+            return task.model_copy(update={"tests": tests})
+        # The test modules run in another order too (python_tests' `test_order`).
+        files = modules[::-1] if order == "reversed" else random.Random(int(order.split("-")[1])).sample(modules, len(modules))
+        spec = task.verifier.model_copy(update={"test_order": files})
+        return task.model_copy(update={"tests": tests, "verifier": spec})
     cases = task.verifier.args.get("cases")
     if isinstance(cases, list) and len(cases) > 1:
         moved = cases[::-1] if order == "reversed" else random.Random(int(order.split("-")[1])).sample(cases, len(cases))

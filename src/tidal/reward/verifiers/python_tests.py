@@ -415,6 +415,11 @@ def prepare(task: Task, answer: str) -> Prepared | Score:
         return failed("the answer holds no code", tests=0.0)
 
     paths = pytest_targets(task.tests)
+    order = args.get("test_order")  # the test modules in the order pytest runs them (default: sorted)
+    if order is not None:
+        if not isinstance(order, list) or sorted(map(str, order)) != paths:
+            return task_problem(task, f"test_order must list exactly the test modules {paths}, not {order!r}")
+        paths = [str(name) for name in order]
     try:
         defined = [n for path in paths for n in defined_test_ids(path, task.tests[path])]
     except SyntaxError as error:
