@@ -19,12 +19,13 @@ Anything else is plain content, and the reason is returned so the server can rec
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
+from tidal.agent import toolcall
+
+TOOL_CALL_OPEN = toolcall.OPEN_TAG
+TOOL_CALL_CLOSE = toolcall.CLOSE_TAG
 
 # Short on purpose: byte-level tiny models have contexts of a few hundred tokens.
 _TOOLS_PROMPT = """# Tools
@@ -35,7 +36,6 @@ You may call these functions:
 To call one, answer with <tool_call>{{"name": <function-name>, "arguments": <args-json-object>}}</tool_call>"""
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 
 
 class MessageError(ValueError):
@@ -138,47 +138,22 @@ def _render_call(call: Any, where: str) -> str:
 
 
 def parse_tool_calls(text: str, known: list[str]) -> ParsedOutput:
-    """Split `text` into content and tool calls, strictly (see the module docstring).
+    """Split `text` into content and tool calls, strictly, with the agent runner's parser
+    (`tidal.agent.toolcall`), so the same text is judged the same in process and behind the server.
 
-    Text without `<tool_call>` is plain content with no error; text with one that breaks the format
-    is plain content with the reason in `error`.
+    Text without `<tool_call>` is plain content with no error; text with one that breaks the format,
+    or that calls a tool that was not offered, is plain content with the reason in `error`.
     """
-    start = text.find(TOOL_CALL_OPEN)
-    if start < 0:
+    turn = toolcall.parse_tool_calls(text)
+    if turn.validity is toolcall.CallValidity.NO_CALL:
         return ParsedOutput(content=text if text.strip() else None, tool_calls=[])
-    prefix, rest = text[:start], text[start:]
-    calls: list[ToolCall] = []
-    position = 0
-    for match in _BLOCK.finditer(rest):
-        between = rest[position : match.start()]
-        if between.strip():
-            return _malformed(text, f"text between tool calls: {between.strip()[:40]!r}")
-        call, problem = _parse_call(match.group(1), known)
-        if call is None:
-            return _malformed(text, problem)
-        calls.append(call)
-        position = match.end()
-    tail = rest[position:]
-    if TOOL_CALL_OPEN in tail:
-        return _malformed(text, f"{TOOL_CALL_OPEN} without {TOOL_CALL_CLOSE}")
-    if tail.strip():
-        return _malformed(text, f"text after the last tool call: {tail.strip()[:40]!r}")
-    return ParsedOutput(content=prefix if prefix.strip() else None, tool_calls=calls)
-
-
-def _parse_call(body: str, known: list[str]) -> tuple[ToolCall | None, str]:
-    try:
-        value = json.loads(body)
-    except json.JSONDecodeError as error:
-        return None, f"tool call is not JSON ({error.msg} at char {error.pos})"
-    if not isinstance(value, dict) or set(value) != {"name", "arguments"}:
-        return None, "tool call must be a JSON object with exactly 'name' and 'arguments'"
-    name, arguments = value["name"], value["arguments"]
-    if not isinstance(name, str) or name not in known:
-        return None, f"tool {name!r} was not offered (offered: {', '.join(known)})"
-    if not isinstance(arguments, dict):
-        return None, f"arguments of {name!r} must be a JSON object"
-    return ToolCall(name=name, arguments=arguments), ""
+    if turn.validity is not toolcall.CallValidity.VALID:
+        return _malformed(text, turn.error)
+    unknown = [call.name for call in turn.calls if call.name not in known]
+    if unknown:
+        return _malformed(text, f"tool {unknown[0]!r} was not offered (offered: {', '.join(known)})")
+    calls = [ToolCall(name=call.name, arguments=call.arguments) for call in turn.calls]
+    return ParsedOutput(content=turn.content if turn.content.strip() else None, tool_calls=calls)
 
 
 def _malformed(text: str, reason: str) -> ParsedOutput:

@@ -53,16 +53,18 @@ def test_one_and_several_calls_with_leading_content() -> None:
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ('<tool_call>\n{"name": "add", "arguments": {"a": 1}\n</tool_call>', "not JSON"),
+        ('<tool_call>\n{"name": "add", "arguments": {"a": 1}\n</tool_call>', "not valid JSON"),
         ("<tool_call>\n" + '{"name": "rm", "arguments": {}}' + "\n</tool_call>", "was not offered"),
-        ('<tool_call>{"name": "add"}</tool_call>', "exactly 'name' and 'arguments'"),
-        ('<tool_call>{"name": "add", "arguments": {}, "id": 3}</tool_call>', "exactly 'name' and 'arguments'"),
+        ('<tool_call>{"name": "add"}</tool_call>', "exactly the keys name and arguments: missing arguments"),
+        ('<tool_call>{"name": "add", "arguments": {}, "id": 3}</tool_call>', "exactly the keys name and arguments: unexpected id"),
         ('<tool_call>{"name": "add", "arguments": "{}"}</tool_call>', "must be a JSON object"),
-        ('<tool_call>["add", {}]</tool_call>', "exactly 'name' and 'arguments'"),
-        (_call("add", {}) + " and then some", "text after the last tool call"),
-        (_call("add", {}) + "oops" + _call("add", {}), "text between tool calls"),
-        ('<tool_call>{"name": "add", "arguments": {}}', "without </tool_call>"),
-        (_call("add", {}) + '<tool_call>{"name": "add"', "without </tool_call>"),
+        ('<tool_call>["add", {}]</tool_call>', "must be a JSON object, got list"),
+        (_call("add", {}) + " and then some", "text after a tool call"),
+        (_call("add", {}) + "oops" + _call("add", {}), "text after a tool call"),
+        ('<tool_call>{"name": "add", "arguments": {}}', "is never closed"),
+        (_call("add", {}) + '<tool_call>{"name": "add"', "is never closed"),
+        ('<tool_call>{"name": "add", "arguments": {"a": ' + "[" * 40 + "]" * 40 + "}}</tool_call>", "nested deeper"),
+        ("".join(_call("add", {}) for _ in range(9)), "more than 8 tool calls"),
     ],
 )
 def test_malformed_calls_are_plain_content_with_a_reason(text: str, reason: str) -> None:
