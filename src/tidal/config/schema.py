@@ -117,6 +117,10 @@ class AlgorithmConfig(Section):
     kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient")
     epochs: int = Field(1, ge=1, le=64, description="passes over each batch (PPO epochs)")
+    max_staleness: int = Field(
+        1, ge=0, le=64, description="async mode: the most updates a trained sample's weights may lag the trainer's "
+        "(step - weight_version); the sampler waits rather than exceed it. 0 = on-policy"
+    )
 
 
 class TrainerConfig(Section):
@@ -183,6 +187,14 @@ class AuditConfig(Section):
     watch: WatchConfig = Field(default_factory=WatchConfig)
 
 
+class PipelineConfig(Section):
+    """How the RL loop runs (docs/design/loop.md): `sync` samples, scores and trains in turn;
+    `async` samples and scores in a background thread while the trainer trains."""
+
+    mode: Literal["sync", "async"] = Field("sync", description="sync | async (rollout overlaps training)")
+    queue_size: int = Field(2, ge=1, le=1024, description="async mode: scored batches waiting for the trainer, at most")
+
+
 class RunConfig(Section):
     dir: str = Field("runs", description="parent folder of run folders")
     name: str | None = Field(None, description="run folder name (default: timestamp)")
@@ -225,4 +237,5 @@ class TidalConfig(Section):
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     run: RunConfig = Field(default_factory=RunConfig)

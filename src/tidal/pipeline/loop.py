@@ -97,6 +97,32 @@ def step_metrics(episodes: list[Episode], drops: dict[str, int]) -> dict[str, An
     return metrics
 
 
+def score_and_gate(
+    parts: LoopParts, episodes: list[Episode], tasks_by_id: dict[str, Task], step: int, timings: dict[str, float]
+) -> dict[str, int]:
+    """Score the episodes (time in `timings["score_s"]`), gate them, let the watch quarantine
+    tasks, and assign advantages. Returns the gate's drop counts by reason."""
+    cfg = parts.config
+    mark = time.perf_counter()
+    scores = parts.scorer.score_many([(tasks_by_id[e.task_id], e.completion.text) for e in episodes])
+    for episode, score in zip(episodes, scores):
+        episode.score = score
+    timings["score_s"] = time.perf_counter() - mark
+
+    drops = gate_episodes(episodes, cfg.gate, cfg.rollout.max_new_tokens)
+    if parts.watch is not None:
+        quarantined = {q.task_id for q in parts.watch.observe(episodes, tasks_by_id, step + 1)}
+        for task_id in quarantined:
+            parts.mixer.exclude(task_id)
+        # The samples that tripped the watch do not train either.
+        drops["audit_quarantine"] = sum(e.keep and e.task_id in quarantined for e in episodes)
+        for episode in episodes:
+            if episode.keep and episode.task_id in quarantined:
+                episode.keep, episode.drop_reason = False, "audit_quarantine"
+    assign_advantages(episodes, cfg.algorithm.advantage)
+    return drops
+
+
 def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None = None) -> int:
     """Train from `start_step` to `trainer.steps`. Returns the number of steps taken now."""
     cfg = parts.config
@@ -112,23 +138,7 @@ def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None =
         episodes = sample_episodes(parts, tasks, step)
         timings["generate_s"] = time.perf_counter() - began
 
-        mark = time.perf_counter()
-        scores = parts.scorer.score_many([(tasks_by_id[e.task_id], e.completion.text) for e in episodes])
-        for episode, score in zip(episodes, scores):
-            episode.score = score
-        timings["score_s"] = time.perf_counter() - mark
-
-        drops = gate_episodes(episodes, cfg.gate, cfg.rollout.max_new_tokens)
-        if parts.watch is not None:
-            quarantined = {q.task_id for q in parts.watch.observe(episodes, tasks_by_id, step + 1)}
-            for task_id in quarantined:
-                parts.mixer.exclude(task_id)
-            # The samples that tripped the watch do not train either.
-            drops["audit_quarantine"] = sum(e.keep and e.task_id in quarantined for e in episodes)
-            for episode in episodes:
-                if episode.keep and episode.task_id in quarantined:
-                    episode.keep, episode.drop_reason = False, "audit_quarantine"
-        assign_advantages(episodes, cfg.algorithm.advantage)
+        drops = score_and_gate(parts, episodes, tasks_by_id, step, timings)
         kept = [e for e in episodes if e.keep]
         # Stored before the update may use them: a crash never loses a trajectory that was trained on.
         store.write_episodes(step, episodes, tasks_by_id, timings)
@@ -158,13 +168,20 @@ def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None =
     return taken
 
 
-def save_rl_checkpoint(parts: LoopParts, step: int) -> None:
+def save_rl_checkpoint(
+    parts: LoopParts, step: int, mixer_state: dict[str, Any] | None = None, watch_state: dict[str, Any] | None = None
+) -> None:
+    """Checkpoint after `step` updates. The mixer's and watch's states are their current ones unless
+    given (the async loop's sampler is ahead of the trainer and passes the states as of `step`)."""
     root = parts.run.checkpoints_dir / "rl"
+    if mixer_state is None:
+        mixer_state = parts.mixer.state_dict()
+    if watch_state is None and parts.watch is not None:
+        watch_state = parts.watch.state_dict()
     parts.trainer.save(
         root / f"step-{step:06d}",
         step,
-        extra={"mixer": parts.mixer.state_dict(), "weight_version": step,
-               "watch": parts.watch.state_dict() if parts.watch is not None else None},
+        extra={"mixer": mixer_state, "weight_version": step, "watch": watch_state},
         tokenizer=parts.engine.tokenizer,
     )
     prune_checkpoints(root, parts.config.trainer.keep_checkpoints)

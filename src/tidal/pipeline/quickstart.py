@@ -26,6 +26,7 @@ from tidal.errors import CheckpointError, ConfigError
 from tidal.eval.heldout import compare, evaluate_policy, pass_rates
 from tidal.eval.report import write_report
 from tidal.models.io import count_parameters, load_model, resolve_device, save_checkpoint
+from tidal.pipeline.async_loop import run_async_rl
 from tidal.pipeline.loop import LoopParts, resume_rl, run_rl
 from tidal.pipeline.warmstart import split_for_warm_start, warm_start
 from tidal.reward import known_verifiers
@@ -150,7 +151,8 @@ class Job:
                         watch.set_heldout({d: r["pass_rate"] for d, r in rates.items()})
                     run.append_metrics({"phase": "eval", "step": step, **{f"eval/{d}": r["pass_rate"] for d, r in rates.items()}})
 
-            run_rl(parts, start, on_step)
+            loop = run_async_rl if cfg.pipeline.mode == "async" else run_rl
+            loop(parts, start, on_step)
             self.mark("rl", cfg.trainer.steps)
             rl_seconds = time.perf_counter() - rl_began
             after = self._evaluate("after", engine, scorer, eval_tasks, progress, force=True)
