@@ -58,11 +58,13 @@ def _assert_exactly_once(store: TrajectoryStore, bound: int) -> dict[str, int]:
 
 
 def _force_rollout_ahead(monkeypatch: pytest.MonkeyPatch, bound: int) -> list[tuple[int, int]]:
-    """Hold each update until the rollout thread has started the batch `bound` steps ahead (or
-    the last one), so stale samples must occur; record (step, weight version) of each batch."""
+    """Hold update `s` until the rollout thread has gone as far as it may: batch `s + bound`
+    started and batch `s + bound + 1` refused admission (or started, if admission is broken).
+    Records (step, weight version) of each batch started."""
     started: list[tuple[int, int]] = []
+    refused: list[int] = []
     changed = threading.Condition()
-    original_sample, original_step = async_loop.sample_episodes, Trainer.rl_step
+    original_sample, original_step, original_wait = async_loop.sample_episodes, Trainer.rl_step, async_loop.WeightChannel.wait
 
     def sample(parts: Any, tasks: Any, step: int) -> Any:
         with changed:
@@ -70,13 +72,25 @@ def _force_rollout_ahead(monkeypatch: pytest.MonkeyPatch, bound: int) -> list[tu
             changed.notify_all()
         return original_sample(parts, tasks, step)
 
+    def wait(self: async_loop.WeightChannel, timeout: float) -> None:
+        with changed:  # the rollout thread waits for weights only when admission refused its next batch
+            refused.append(max((s for s, _ in started), default=-1) + 1)
+            changed.notify_all()
+        original_wait(self, timeout)
+
+    def went_far_enough(target: int) -> bool:
+        if target == STEPS - 1:
+            return any(s >= target for s, _ in started)
+        return target + 1 in refused or any(s > target for s, _ in started)
+
     def rl_step(self: Trainer, batch: Any) -> dict[str, float]:
         target = min(self.updates + bound, STEPS - 1)
         with changed:
-            assert changed.wait_for(lambda: any(s >= target for s, _ in started), timeout=120)
+            assert changed.wait_for(lambda: went_far_enough(target), timeout=120)
         return original_step(self, batch)
 
     monkeypatch.setattr(async_loop, "sample_episodes", sample)
+    monkeypatch.setattr(async_loop.WeightChannel, "wait", wait)
     monkeypatch.setattr(Trainer, "rl_step", rl_step)
     return started
 
@@ -90,6 +104,8 @@ def test_async_run_respects_the_staleness_bound_and_trains_each_id_once(
     # Admission control: no batch was started with weights older than the bound allows.
     assert sorted(s for s, _ in started) == list(range(STEPS))
     assert all(step - version <= 2 for step, version in started)
+    # Held back as far as the bound allows, batch b was made with version max(b - 2, 0).
+    assert sorted(started) == [(b, max(b - 2, 0)) for b in range(STEPS)]
     histogram = _assert_exactly_once(_store(run), bound=2)
     assert histogram.get(2), "the held-back trainer must have trained samples 2 updates stale"
 
