@@ -2,19 +2,24 @@
 
 from tidal.algos.advantages import ADVANTAGES, assign_advantages, get_advantage, has_valid_reward
 from tidal.algos.losses import (
+    LOSS_INPUTS,
     LOSSES,
     aggregate,
+    decoupled_ppo_loss,
     entropy_from_logits,
     get_loss,
     kl_penalty,
     loss_denominator,
     ppo_clip_loss,
+    tis_pg_loss,
 )
 
 __all__ = [
     "ADVANTAGES",
     "LOSSES",
+    "LOSS_INPUTS",
     "aggregate",
+    "decoupled_ppo_loss",
     "assign_advantages",
     "entropy_from_logits",
     "get_advantage",
@@ -23,4 +28,5 @@ __all__ = [
     "kl_penalty",
     "loss_denominator",
     "ppo_clip_loss",
+    "tis_pg_loss",
 ]

@@ -66,6 +66,42 @@ def _masked_mean(values: Tensor, mask: Tensor) -> float:
     return float((values * mask).sum()) / count if count > 0 else 0.0
 
 
+def _clipped_surrogate(
+    logprobs: Tensor, anchor: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """PPO's per-token clipped surrogate around `anchor`: (per_token, ratio, log_ratio, adv), (B, T)
+    each but adv (B, 1). 0 off the mask, where padding may hold anything, keeps exp finite."""
+    log_ratio = torch.where(mask > 0, logprobs - anchor, torch.zeros_like(logprobs))  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    adv = advantages.to(logprobs.dtype).unsqueeze(-1)  # (B, 1)
+    unclipped = ratio * adv  # (B, T)
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # (B, T)
+    return -torch.minimum(unclipped, clipped), ratio, log_ratio, adv
+
+
+def _clip_metrics(ratio: Tensor, log_ratio: Tensor, adv: Tensor, mask: Tensor, clip_low: float, clip_high: float) -> dict[str, float]:
+    with torch.no_grad():
+        low = ((ratio < 1.0 - clip_low) & (adv < 0)).to(mask.dtype)  # (B, T)
+        high = ((ratio > 1.0 + clip_high) & (adv > 0)).to(mask.dtype)  # (B, T)
+        return {
+            "clip_low_frac": _masked_mean(low, mask),
+            "clip_high_frac": _masked_mean(high, mask),
+            "ratio_mean": _masked_mean(ratio, mask),
+            "approx_kl": _masked_mean((ratio - 1.0) - log_ratio, mask),
+        }
+
+
+def _truncated_weight(log_weight: Tensor, mask: Tensor, is_cap: float) -> tuple[Tensor, dict[str, float]]:
+    """exp(log_weight) truncated at `is_cap`, held constant (no gradient), and its metrics."""
+    if not is_cap >= 1.0:
+        raise ValueError(f"is_cap={is_cap} must be >= 1 (1 = no importance weighting above 1)")
+    with torch.no_grad():
+        raw = torch.exp(torch.where(mask > 0, log_weight, torch.zeros_like(log_weight)))  # (B, T)
+        weight = raw.clamp(max=is_cap)  # (B, T)
+        metrics = {"is_weight_mean": _masked_mean(weight, mask), "is_truncated_frac": _masked_mean((raw > is_cap).to(mask.dtype), mask)}
+    return weight, metrics
+
+
 def ppo_clip_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -86,25 +122,65 @@ def ppo_clip_loss(
     gradient the clip removed, `approx_kl` is the k3 estimate of KL(old || new).
     """
     mask = mask.to(logprobs.dtype)  # (B, T)
-    # 0 off the mask, where padding may hold anything, keeps exp finite.
-    log_ratio = torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (B, T)
-    ratio = torch.exp(log_ratio)  # (B, T)
-    adv = advantages.to(logprobs.dtype).unsqueeze(-1)  # (B, 1)
-    unclipped = ratio * adv  # (B, T)
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # (B, T)
-    per_token = -torch.minimum(unclipped, clipped)  # (B, T)
+    per_token, ratio, log_ratio, adv = _clipped_surrogate(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
     loss = aggregate(per_token, mask, aggregation, max_tokens, denominator)
+    return loss, _clip_metrics(ratio, log_ratio, adv, mask, clip_low, clip_high)
 
-    with torch.no_grad():
-        low = ((ratio < 1.0 - clip_low) & (adv < 0)).to(mask.dtype)  # (B, T)
-        high = ((ratio > 1.0 + clip_high) & (adv > 0)).to(mask.dtype)  # (B, T)
-        metrics = {
-            "clip_low_frac": _masked_mean(low, mask),
-            "clip_high_frac": _masked_mean(high, mask),
-            "ratio_mean": _masked_mean(ratio, mask),
-            "approx_kl": _masked_mean((ratio - 1.0) - log_ratio, mask),
-        }
-    return loss, metrics
+
+def decoupled_ppo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    aggregation: Aggregation = "token",
+    max_tokens: int | None = None,
+    denominator: float | None = None,
+    *,
+    prox_logprobs: Tensor,
+    is_cap: float = 2.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """Decoupled PPO (AReaL, Fu et al. 2025) for stale samples: clip around the proximal policy.
+
+    `old_logprobs` are the behaviour policy's (the sampler's weights, maybe several updates old);
+    `prox_logprobs` (B, T) the trainer's weights before this update. The clipped surrogate is
+    taken on pi_theta / pi_prox, so the trust region is around the current weights, and the
+    behaviour -> proximal gap is corrected by the weight pi_prox / pi_behaviour, truncated at
+    `is_cap` (AReaL's behaviour weight cap). With fresh samples (prox == old) it is ppo_clip_loss.
+    """
+    mask = mask.to(logprobs.dtype)  # (B, T)
+    per_token, ratio, log_ratio, adv = _clipped_surrogate(logprobs, prox_logprobs, advantages, mask, clip_low, clip_high)
+    weight, weight_metrics = _truncated_weight(prox_logprobs - old_logprobs, mask, is_cap)
+    loss = aggregate(per_token * weight, mask, aggregation, max_tokens, denominator)
+    return loss, {**_clip_metrics(ratio, log_ratio, adv, mask, clip_low, clip_high), **weight_metrics}
+
+
+def tis_pg_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    aggregation: Aggregation = "token",
+    max_tokens: int | None = None,
+    denominator: float | None = None,
+    *,
+    is_cap: float = 2.0,
+) -> tuple[Tensor, dict[str, float]]:
+    """Policy gradient with truncated importance sampling: per token -w * A * log pi_theta, where
+    w = min(pi_theta / pi_behaviour, is_cap) is held constant (IMPALA's truncated rho).
+
+    No trust-region clip (clip_low/clip_high are accepted for a common signature and unused): the
+    truncation alone bounds how much a stale, now-likelier token can weigh.
+    """
+    mask = mask.to(logprobs.dtype)  # (B, T)
+    weight, weight_metrics = _truncated_weight(logprobs.detach() - old_logprobs, mask, is_cap)
+    adv = advantages.to(logprobs.dtype).unsqueeze(-1)  # (B, 1)
+    safe = torch.where(mask > 0, logprobs, torch.zeros_like(logprobs))  # (B, T)
+    loss = aggregate(-weight * adv * safe, mask, aggregation, max_tokens, denominator)
+    return loss, weight_metrics
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: Literal["k1", "k3"] = "k3") -> Tensor:
@@ -130,7 +206,9 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 
 
 LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
-LOSSES: dict[str, LossFn] = {"ppo_clip": ppo_clip_loss}
+LOSSES: dict[str, LossFn] = {"ppo_clip": ppo_clip_loss, "decoupled_ppo": decoupled_ppo_loss, "tis_pg": tis_pg_loss}
+# What a loss needs beyond the common arguments; the trainer supplies exactly these keywords.
+LOSS_INPUTS: dict[str, tuple[str, ...]] = {"decoupled_ppo": ("prox_logprobs", "is_cap"), "tis_pg": ("is_cap",)}
 
 
 def get_loss(name: str) -> LossFn:

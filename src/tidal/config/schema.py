@@ -107,7 +107,10 @@ class GateConfig(Section):
 
 class AlgorithmConfig(Section):
     advantage: str = Field("grpo", description="grpo | dr_grpo | rloo")
-    loss: str = Field("ppo_clip", description="policy loss name")
+    loss: str = Field(
+        "ppo_clip", description="policy loss: ppo_clip | decoupled_ppo (clip around the trainer's weights, truncated "
+        "IS to the sampler's; for async) | tis_pg (policy gradient with truncated IS, no clip)"
+    )
     clip_low: float = Field(0.2, ge=0, le=1, description="lower PPO clip epsilon")
     clip_high: float = Field(0.28, ge=0, le=10, description="upper PPO clip epsilon (clip-higher)")
     aggregation: Literal["token", "sequence", "token_sum"] = Field(
@@ -117,6 +120,10 @@ class AlgorithmConfig(Section):
     kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient")
     epochs: int = Field(1, ge=1, le=64, description="passes over each batch (PPO epochs)")
+    is_cap: float = Field(
+        2.0, ge=1, le=1000, description="decoupled_ppo and tis_pg: truncation of the importance weight to the "
+        "sampler's (behaviour) policy"
+    )
     max_staleness: int = Field(
         1, ge=0, le=64, description="async mode: the most updates a trained sample's weights may lag the trainer's "
         "(step - weight_version); the sampler waits rather than exceed it. 0 = on-policy"

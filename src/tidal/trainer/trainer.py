@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from tidal.algos.losses import aggregate, get_loss, kl_penalty, loss_denominator
+from tidal.algos.losses import LOSS_INPUTS, aggregate, get_loss, kl_penalty, loss_denominator
 from tidal.config.schema import AlgorithmConfig, TrainerConfig
 from tidal.trainer.checkpoint import load_training_state, save_training_state
 from tidal.trainer.logprobs import token_logprobs
@@ -163,13 +163,17 @@ class Trainer:
             if self.algo.kl_coef > 0:
                 raise ValueError("algorithm.kl_coef > 0 needs Trainer(ref_model=...) or batch.ref_logprobs")
             return None
+        return self._frozen_logprobs(self.ref_model, batch)
+
+    def _frozen_logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> Tensor:
+        """`model`'s logprobs (B, T) of the batch's tokens, without gradient."""
         out = torch.zeros_like(batch.old_logprobs)  # (B, T)
         with torch.no_grad():
             for start in range(0, batch.input_ids.shape[0], self.cfg.micro_batch_size):
                 rows = slice(start, start + self.cfg.micro_batch_size)
                 ids, attn, length = _trim(batch.input_ids[rows], batch.attention_mask[rows])
-                ref, _ = self._logprobs(self.ref_model, ids, attn, temperature=self.temperature)
-                out[rows, :length] = ref
+                values, _ = self._logprobs(model, ids, attn, temperature=self.temperature)
+                out[rows, :length] = values
         return out
 
     def rl_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -196,6 +200,9 @@ class Trainer:
             return {"loss": 0.0, "grad_norm": 0.0, "lr": lr, "skipped": 1.0, "tokens": 0.0}
         denominator = loss_denominator(batch.completion_mask, self.algo.aggregation)
         ref_logprobs = self._reference_logprobs(batch)
+        inputs = LOSS_INPUTS.get(self.algo.loss, ())
+        # The proximal policy of decoupled PPO: these weights before this step's first update.
+        prox_logprobs = self._frozen_logprobs(self.model, batch) if "prox_logprobs" in inputs else None
 
         def micro_loss(rows: slice) -> tuple[Tensor, dict[str, float]]:
             ids, attn, length = _trim(batch.input_ids[rows], batch.attention_mask[rows])
@@ -204,10 +211,15 @@ class Trainer:
                 self.model, ids, attn, temperature=self.temperature,
                 with_entropy=True, entropy_grad=self.algo.entropy_coef > 0,
             )  # (b, t), (b, t)
+            options: dict[str, Any] = {}
+            if "is_cap" in inputs:
+                options["is_cap"] = self.algo.is_cap
+            if prox_logprobs is not None:
+                options["prox_logprobs"] = prox_logprobs[rows, :length]
             loss, metrics = self.loss_fn(
                 logprobs, batch.old_logprobs[rows, :length], batch.advantages[rows], mask,
                 clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
-                aggregation=self.algo.aggregation, max_tokens=self.max_tokens, denominator=denominator,
+                aggregation=self.algo.aggregation, max_tokens=self.max_tokens, denominator=denominator, **options,
             )
             # Token means of this micro-batch, weighted so their sum is the whole batch's mean.
             weight = float(mask.sum()) / total_tokens

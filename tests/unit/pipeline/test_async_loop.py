@@ -99,7 +99,8 @@ def test_async_run_respects_the_staleness_bound_and_trains_each_id_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started = _force_rollout_ahead(monkeypatch, bound=2)
-    run = _run(tmp_path, "async", "pipeline.mode=async", "algorithm.max_staleness=2", "pipeline.queue_size=4")
+    run = _run(tmp_path, "async", "pipeline.mode=async", "algorithm.max_staleness=2", "pipeline.queue_size=4",
+               "algorithm.loss=decoupled_ppo")
 
     # Admission control: no batch was started with weights older than the bound allows.
     assert sorted(s for s, _ in started) == list(range(STEPS))
@@ -118,6 +119,7 @@ def test_async_run_respects_the_staleness_bound_and_trains_each_id_once(
         assert {"trainer_idle_s", "sampler_idle_s", "queue_depth", "staleness_max", "trained_samples"} <= set(m)
         assert m["staleness_max"] <= 2
         assert sum(v for k, v in m.items() if k.startswith("staleness/")) == m["trained_samples"]
+        assert "is_weight_mean" in m  # the decoupled PPO loss ran
 
 
 def test_bound_zero_is_on_policy_and_matches_the_sync_loop(tmp_path: Path) -> None:
