@@ -1,6 +1,11 @@
 """algos layer: advantage estimators and policy losses, picked by name from plain dicts."""
 
-from tidal.algos.advantages import ADVANTAGES, assign_advantages, get_advantage, has_valid_reward
+from tidal.algos.advantages import (
+    ADVANTAGES,
+    assign_advantages,
+    get_advantage,
+    has_valid_reward,
+)
 from tidal.algos.losses import (
     LOSS_INPUTS,
     LOSSES,
@@ -19,8 +24,8 @@ __all__ = [
     "LOSSES",
     "LOSS_INPUTS",
     "aggregate",
-    "decoupled_ppo_loss",
     "assign_advantages",
+    "decoupled_ppo_loss",
     "entropy_from_logits",
     "get_advantage",
     "get_loss",

@@ -200,6 +200,19 @@ def staleness_metrics(kept: list[Episode], step: int) -> dict[str, float]:
     return metrics
 
 
+def _next_batch(batches: queue.Queue, rollout: _Rollout, step: int) -> ScoredBatch | _Failure:
+    """The next item of the queue; raises instead of hanging if the rollout thread is gone."""
+    while True:
+        try:
+            return batches.get(timeout=POLL_S)
+        except queue.Empty:
+            if not rollout.is_alive():
+                try:  # it may have queued its last item just before it ended
+                    return batches.get_nowait()
+                except queue.Empty:
+                    raise RuntimeError(f"async loop: the rollout thread ended without sending batch {step}") from None
+
+
 def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None = None) -> int:
     """Train from `start_step` to `trainer.steps` with rollout in a background thread. Returns the
     number of steps taken now. Same run-folder artefacts as `run_rl`, plus the async metrics."""
@@ -217,7 +230,7 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
         for step in range(start_step, cfg.trainer.steps):
             began = time.perf_counter()
             depth = batches.qsize()
-            item = batches.get()
+            item = _next_batch(batches, rollout, step)
             if isinstance(item, _Failure):
                 raise item.error
             batch: ScoredBatch = item

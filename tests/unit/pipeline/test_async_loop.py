@@ -134,7 +134,7 @@ def test_bound_zero_is_on_policy_and_matches_the_sync_loop(tmp_path: Path) -> No
         assert row["weight_version"] == row["step"] == twin["weight_version"]
         # Same weights, same seed: the same samples as the synchronous loop, token for token.
         assert (row["task_id"], row["token_ids"]) == (twin["task_id"], twin["token_ids"])
-    files = lambda run: sorted(str(p.relative_to(run.path)) for p in run.path.iterdir())  # noqa: E731
+    files = lambda run: sorted(str(p.relative_to(run.path)) for p in run.path.iterdir())
     assert files(sync) == files(on_policy)
 
 

@@ -9,7 +9,13 @@ import math
 import pytest
 import torch
 
-from tidal.algos.losses import LOSS_INPUTS, LOSSES, decoupled_ppo_loss, ppo_clip_loss, tis_pg_loss
+from tidal.algos.losses import (
+    LOSS_INPUTS,
+    LOSSES,
+    decoupled_ppo_loss,
+    ppo_clip_loss,
+    tis_pg_loss,
+)
 from tidal.config.schema import AlgorithmConfig, TrainerConfig
 from tidal.trainer.trainer import Trainer
 
