@@ -62,7 +62,8 @@ class TaskWatch:
 
     def set_heldout(self, pass_rates: dict[str, float | None]) -> None:
         """The latest held-out pass rate per domain (from an evaluation)."""
-        self.heldout.update({d: r for d, r in pass_rates.items() if r is not None})
+        # A new dict swapped in whole: the async loop's sampler thread reads it while this runs.
+        self.heldout = {**self.heldout, **{d: r for d, r in pass_rates.items() if r is not None}}
 
     def observe(self, episodes: list[Episode], tasks: dict[str, Task], step: int) -> list[Quarantine]:
         """Take in one step's gated episodes; return the tasks quarantined now."""
