@@ -12,6 +12,7 @@ tests cannot disagree (a unit test also runs every reference against its tests u
 from __future__ import annotations
 
 import random
+from collections import Counter
 from functools import lru_cache
 from types import CodeType
 from typing import Any
@@ -36,8 +37,10 @@ KINDS: dict[int, dict[str, tuple[str, str, str]]] = {
         "length_times": ("the length of xs times {k}", "len(xs) * {k}", "xs"),
     },
     4: {
-        "larger": ("the larger of x and {k}", "x if x > {k} else {k}", "x"),
-        "smaller": ("the smaller of x and {k}", "x if x < {k} else {k}", "x"),
+        # max/min rather than `x if x > k else k`: moving that comparison by one (> to >=, k to
+        # k + 1) gives the same function, a mutant no test can kill (the auditor's test_strength).
+        "larger": ("the larger of x and {k}", "max(x, {k})", "x"),
+        "smaller": ("the smaller of x and {k}", "min(x, {k})", "x"),
         "distance": ("the distance between x and {k}", "abs(x - {k})", "x"),
         "parity": ("{k} if x is even, else {m}", "{k} if x % 2 == 0 else {m}", "x"),
     },
@@ -82,7 +85,8 @@ def _inputs(rng: random.Random, argument: str, constants: dict[str, int], kind: 
     """Four inputs; scalar ones straddle the constant so a comparison's both branches are tested.
     Both branches are also what the auditor's null answers and mutants probe: parity gets two even
     and two odd numbers (a stub returning one branch's value scores half, not three quarters), and
-    max_floor gets a list wholly under its floor and one reaching over it (so a changed floor fails)."""
+    max_floor gets a list wholly under its floor and one reaching over it (so a changed floor fails),
+    and the comparisons with a constant get the values just past it on both sides."""
     if kind == "parity":
         values = [2 * v for v in rng.sample(range(-5, 6), 2)] + [2 * v + 1 for v in rng.sample(range(-5, 5), 2)]
         rng.shuffle(values)
@@ -95,6 +99,13 @@ def _inputs(rng: random.Random, argument: str, constants: dict[str, int], kind: 
         lists = [under, over] + [[rng.randint(-3, k + 8) for _ in range(rng.randint(1, 6))] for _ in range(2)]
         rng.shuffle(lists)
         return lists
+    if kind in ("larger", "smaller", "distance"):
+        # Just past the constant on both sides, so a comparison moved by one (> to > k + 1, or
+        # k to k - 1) fails a test: found by the auditor's mutants.
+        k = constants["k"]
+        values = [k - 1, k + 1, rng.randint(k - 9, k - 2), rng.randint(k + 2, k + 9)]
+        rng.shuffle(values)
+        return values
     if argument == "x":
         centre = constants.get("k", 0) if "m" not in constants else 0
         values = rng.sample(range(centre - 9, centre), 2) + rng.sample(range(centre, centre + 10), 2)
@@ -102,7 +113,22 @@ def _inputs(rng: random.Random, argument: str, constants: dict[str, int], kind: 
         return values
     # Values reach past the constant so that "above k" filters keep some numbers and drop others.
     top = max(15, constants.get("k", 0) + 8)
-    return [[rng.randint(-3, top) for _ in range(rng.randint(1, 6))] for _ in range(4)]
+    if kind in ("sum_above", "count_above"):  # numbers on both sides of k, so counts vary
+        k = constants["k"]
+        lists = [[rng.randint(k - 8, k + 8) for _ in range(rng.randint(1, 6))] for _ in range(4)]
+    elif kind == "capped_sum":  # two sums under the cap and two over it
+        lists = [[rng.randint(-4, 2) for _ in range(rng.randint(1, 4))] for _ in range(2)]
+        lists += [[rng.randint(5, 15) for _ in range(rng.randint(2, 5))] for _ in range(2)]
+        rng.shuffle(lists)
+    else:
+        lists = [[rng.randint(-3, top) for _ in range(rng.randint(1, 6))] for _ in range(4)]
+    if kind in ("sum_above", "count_above"):
+        # k itself (dropped) and k + 1 (kept) in the lists: a filter moved by one fails a test.
+        k = constants["k"]
+        lists[0].insert(rng.randint(0, len(lists[0])), k)
+        lists[1].insert(rng.randint(0, len(lists[1])), k + 1)
+        rng.shuffle(lists)
+    return lists
 
 
 @lru_cache(maxsize=4096)
@@ -114,8 +140,10 @@ def _compiled(expression: str) -> CodeType:
 def _tests(name: str, expression: str, argument: str, inputs: list[Any]) -> dict[str, str] | None:
     code = _compiled(expression)
     expected = [eval(code, {"__builtins__": SAFE_BUILTINS}, {argument: value}) for value in inputs]
-    if len({repr(value) for value in expected}) < 2 or expected == inputs:
-        return None  # a constant or the identity function would pass every test; draw again
+    half = len(expected) // 2
+    if max(Counter(repr(value) for value in expected).values()) > half or \
+            sum(repr(e) == repr(i) for e, i in zip(expected, inputs)) > half:
+        return None  # a constant or the identity function would pass most tests; draw again
     blocks = [f"from solution import {name}\n"]
     for test_name, value, result in zip(TEST_NAMES, inputs, expected):
         blocks.append(f"def {test_name}():\n    assert {name}({value!r}) == {result!r}\n")
