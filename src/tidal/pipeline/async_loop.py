@@ -1,29 +1,31 @@
-"""The asynchronous RL loop: rollout and scoring overlap training, with bounded staleness.
+"""The asynchronous RL loop: generation, scoring and training overlap, with bounded staleness.
 
-    rollout thread:  wait for admission -> sample -> score -> gate -> advantages -> store -> queue
+    sampler thread:  wait for admission -> draw tasks -> sample ----------------------> queue (1)
+    scorer thread:   queue -> score (sandboxes) -> gate -> watch -> advantages -> store -> queue
     trainer (caller): queue -> update -> mark_trained -> publish weights -> checkpoint -> metrics
 
+So while batch `b` is scored in sandboxes, batch `b + 1` is generated and batch `b - 1` trained.
 Batch `b` is what the synchronous loop calls step `b` (same tasks from the mixer, same sampling
 seed, same trajectory ids) and the trainer trains it at step `b`, after `b` updates. A batch
 generated with weight version `v` is therefore `b - v` updates stale when trained. Admission
-control keeps that at most `algorithm.max_staleness`: the rollout thread does not start batch `b`
-until its engine holds version `b - max_staleness` or newer. It waits rather than discards, so no
+control keeps that at most `algorithm.max_staleness`: the sampler does not start batch `b` until
+its engine holds version `b - max_staleness` or newer. It waits rather than discards, so no
 sample is thrown away for being slow (which would bias training toward short, easy tasks). With
 `max_staleness: 0` the loop is on-policy and trains on exactly what the synchronous loop trains on.
 
-The rollout thread samples from its own copy of the policy (the trainer's model is the one the
-caller's engine shares): the trainer publishes a snapshot of its weights after each update to a
-`WeightChannel`, and the rollout thread applies the newest one *between* batches, on its own
-thread, so it never generates while the weights change and the trainer never waits for it.
+The sampler samples from its own copy of the policy (the trainer's model is the one the caller's
+engine shares): the trainer publishes a snapshot of its weights after each update to a
+`WeightChannel`, and the sampler applies the newest one *between* batches, on its own thread, so
+it never generates while the weights change and the trainer never waits for it.
 
 Off-policy correction: the loss's old logprobs are the sampler's (the behaviour policy's), so
 PPO-clip's ratio pi_theta / pi_behaviour is the importance weight and its clip truncates it
 (docs/design/loop.md, "Asynchronous mode").
 
 Exactly once and resume work as in the synchronous loop: every batch is written to the store
-before it is queued, `mark_trained` follows each update, and checkpoints hold the mixer and watch
-states *as of the checkpoint's step* (the rollout thread is ahead), so a resumed run regenerates
-the batches after the checkpoint with the same tasks and ids.
+before it is queued for the trainer, `mark_trained` follows each update, and checkpoints hold the
+mixer and watch states *as of the checkpoint's step* (the sampler is ahead), so a resumed run
+regenerates the batches after the checkpoint with the same tasks and ids.
 
 No part this module wires knows about it; it reuses the synchronous loop's helpers.
 """
@@ -52,7 +54,7 @@ from tidal.pipeline.loop import (
 from tidal.rollout.engine import EmbeddedEngine
 from tidal.storage.store import TrajectoryStore, open_run_store
 from tidal.trainer.logprobs import collate
-from tidal.types import Episode
+from tidal.types import Episode, Task
 
 POLL_S = 0.2  # how often a waiting thread looks at the stop flag
 
@@ -62,9 +64,9 @@ class StalenessError(RuntimeError):
 
 
 class WeightChannel:
-    """The newest published weights, handed from the trainer thread to the rollout thread.
+    """The newest published weights, handed from the trainer thread to the sampler thread.
 
-    `publish` (trainer) replaces the pending snapshot and returns at once; `apply` (rollout thread,
+    `publish` (trainer) replaces the pending snapshot and returns at once; `apply` (sampler thread,
     between batches) loads the newest pending snapshot into its engine. Versions skipped in between
     are never loaded, which is fine: only the newest matters.
     """
@@ -96,13 +98,24 @@ class WeightChannel:
 
 
 @dataclass
+class SampledBatch:
+    """One step's generated, not yet scored, episodes, as the sampler hands them to the scorer."""
+
+    step: int
+    tasks_by_id: dict[str, Task]
+    episodes: list[Episode]
+    timings: dict[str, float]  # generate_s, sampler_idle_s
+    mixer_state: dict[str, Any]  # the mixer right after drawing this batch's tasks
+
+
+@dataclass
 class ScoredBatch:
-    """One step's scored and gated episodes, as the rollout thread hands them to the trainer."""
+    """One step's scored and gated episodes, as the scorer thread hands them to the trainer."""
 
     step: int
     episodes: list[Episode]
     drops: dict[str, int]
-    timings: dict[str, float]  # generate_s, score_s, sampler_idle_s (admission + full queue)
+    timings: dict[str, float]  # generate_s, score_s, sampler_idle_s, scorer_idle_s
     mixer_state: dict[str, Any]  # the mixer after this batch: what a checkpoint at step + 1 saves
     watch_state: dict[str, Any] | None
     watch_metrics: dict[str, Any] = field(default_factory=dict)
@@ -110,33 +123,61 @@ class ScoredBatch:
 
 @dataclass
 class _Failure:
-    """The rollout thread died; the trainer re-raises its error."""
+    """A pipeline thread died; the trainer re-raises its error."""
 
     error: BaseException
 
 
-class _Rollout(threading.Thread):
-    """Produces `ScoredBatch`es for steps [start, end) in order, within the staleness bound."""
+def _put(out: queue.Queue, item: Any, stop: threading.Event) -> float | None:
+    """Queue `item`, waiting while `out` is full. Returns the seconds waited, None if stopped."""
+    mark = time.perf_counter()
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=POLL_S)
+            return time.perf_counter() - mark
+        except queue.Full:
+            continue
+    return None
+
+
+class _LockedMixer:
+    """The mixer as the scorer thread sees it: `exclude` (the watch's quarantines) under the lock
+    the sampler holds while it draws, so a draw never sees the excluded set change mid-way."""
+
+    def __init__(self, mixer: Any, lock: threading.Lock) -> None:
+        self.mixer, self.lock = mixer, lock
+
+    def exclude(self, task_id: str) -> None:
+        with self.lock:
+            self.mixer.exclude(task_id)
+
+
+class _Sampler(threading.Thread):
+    """Generates `SampledBatch`es for steps [start, end) in order, within the staleness bound."""
 
     def __init__(
-        self, parts: LoopParts, engine: EmbeddedEngine, channel: WeightChannel, store: TrajectoryStore,
-        store_lock: threading.Lock, out: queue.Queue, start: int, end: int,
+        self, parts: LoopParts, engine: EmbeddedEngine, channel: WeightChannel, mixer_lock: threading.Lock,
+        out: queue.Queue, stop: threading.Event, start: int, end: int,
     ) -> None:
-        super().__init__(name="tidal-rollout", daemon=True)
+        super().__init__(name="tidal-sampler", daemon=True)
         # The loop's parts with the rollout engine in place of the trainer-shared one.
         self.parts = dataclasses.replace(parts, engine=engine)
-        self.channel, self.store, self.store_lock, self.out = channel, store, store_lock, out
+        self.channel, self.mixer_lock, self.out, self.stop = channel, mixer_lock, out, stop
         self.first, self.end = start, end
-        self.stop = threading.Event()
 
     def run(self) -> None:
         try:
+            waited = 0.0  # for room in the queue; counted in the next batch (this one is no longer ours)
             for step in range(self.first, self.end):
-                batch = self._produce(step)
-                if batch is None or not self._put(batch, batch.timings):
+                batch = self._sample(step)
+                if batch is None:
                     return
-        except BaseException as error:  # noqa: BLE001 - handed to the trainer, which re-raises it
-            self._put(_Failure(error), {})
+                batch.timings["sampler_idle_s"] += waited
+                waited = _put(self.out, batch, self.stop)
+                if waited is None:
+                    return
+        except BaseException as error:  # noqa: BLE001 - passed on through the scorer to the trainer
+            _put(self.out, _Failure(error), self.stop)
 
     def _admit(self, step: int) -> bool:
         """Wait until the engine's weights are recent enough to generate batch `step`."""
@@ -149,39 +190,71 @@ class _Rollout(threading.Thread):
             self.channel.wait(POLL_S)
         return False
 
-    def _produce(self, step: int) -> ScoredBatch | None:
+    def _sample(self, step: int) -> SampledBatch | None:
         parts, cfg = self.parts, self.parts.config
         mark = time.perf_counter()
         if not self._admit(step):
             return None
         timings = {"sampler_idle_s": time.perf_counter() - mark}
-        tasks = parts.mixer.sample(cfg.tasks.tasks_per_step)
-        tasks_by_id = {task.id: task for task in tasks}
+        with self.mixer_lock:
+            tasks = parts.mixer.sample(cfg.tasks.tasks_per_step)
+            mixer_state = copy.deepcopy(parts.mixer.state_dict())
         mark = time.perf_counter()
         episodes = sample_episodes(parts, tasks, step)
         timings["generate_s"] = time.perf_counter() - mark
-        drops = score_and_gate(parts, episodes, tasks_by_id, step, timings)
+        return SampledBatch(step, {task.id: task for task in tasks}, episodes, timings, mixer_state)
+
+
+class _ScorerThread(threading.Thread):
+    """Scores, gates and stores the sampler's batches in order and queues them for the trainer."""
+
+    def __init__(
+        self, parts: LoopParts, mixer_lock: threading.Lock, store: TrajectoryStore, store_lock: threading.Lock,
+        sampled: queue.Queue, out: queue.Queue, stop: threading.Event,
+    ) -> None:
+        super().__init__(name="tidal-scorer", daemon=True)
+        self.parts = dataclasses.replace(parts, mixer=_LockedMixer(parts.mixer, mixer_lock))
+        self.mixer, self.mixer_lock = parts.mixer, mixer_lock
+        self.store, self.store_lock, self.sampled, self.out, self.stop = store, store_lock, sampled, out, stop
+
+    def run(self) -> None:
+        try:
+            waited: float | None = 0.0  # for room in the trainer's queue; counted in the next batch
+            mark = time.perf_counter()
+            while not self.stop.is_set():
+                try:
+                    item = self.sampled.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                if isinstance(item, _Failure):
+                    _put(self.out, item, self.stop)
+                    return
+                item.timings["scorer_idle_s"] = waited + time.perf_counter() - mark
+                batch = self._score(item)
+                waited = _put(self.out, batch, self.stop)
+                if waited is None:
+                    return
+                mark = time.perf_counter()
+        except BaseException as error:  # noqa: BLE001 - handed to the trainer, which re-raises it
+            _put(self.out, _Failure(error), self.stop)
+
+    def _score(self, sampled: SampledBatch) -> ScoredBatch:
+        parts, step, timings = self.parts, sampled.step, sampled.timings
+        drops = score_and_gate(parts, sampled.episodes, sampled.tasks_by_id, step, timings)
         with self.store_lock:  # stored before it is queued: the trainer only sees stored samples
-            self.store.write_episodes(step, episodes, tasks_by_id, timings)
+            self.store.write_episodes(step, sampled.episodes, sampled.tasks_by_id, timings)
+        # The checkpoint after this batch: the mixer's cursor as the sampler left it after drawing
+        # this batch (it may have drawn later ones since), with every quarantine up to this batch.
+        mixer_state = sampled.mixer_state
+        with self.mixer_lock:
+            mixer_state["excluded"] = sorted(self.mixer.excluded)
         watch = parts.watch
         return ScoredBatch(
-            step, episodes, drops, timings,
-            mixer_state=copy.deepcopy(parts.mixer.state_dict()),
+            step, sampled.episodes, drops, timings,
+            mixer_state=mixer_state,
             watch_state=copy.deepcopy(watch.state_dict()) if watch is not None else None,
             watch_metrics=watch.metrics() if watch is not None else {},
         )
-
-    def _put(self, item: ScoredBatch | _Failure, timings: dict[str, float]) -> bool:
-        """Queue `item`, waiting while the queue is full (counted as sampler idle time)."""
-        mark = time.perf_counter()
-        while not self.stop.is_set():
-            try:
-                self.out.put(item, timeout=POLL_S)
-                timings["sampler_idle_s"] = timings.get("sampler_idle_s", 0.0) + time.perf_counter() - mark
-                return True
-            except queue.Full:
-                continue
-        return False
 
 
 def rollout_engine(parts: LoopParts) -> EmbeddedEngine:
@@ -200,42 +273,48 @@ def staleness_metrics(kept: list[Episode], step: int) -> dict[str, float]:
     return metrics
 
 
-def _next_batch(batches: queue.Queue, rollout: _Rollout, step: int) -> ScoredBatch | _Failure:
-    """The next item of the queue; raises instead of hanging if the rollout thread is gone."""
+def _next_batch(batches: queue.Queue, scorer: threading.Thread, step: int) -> ScoredBatch | _Failure:
+    """The next item of the queue; raises instead of hanging if the scorer thread is gone."""
     while True:
         try:
             return batches.get(timeout=POLL_S)
         except queue.Empty:
-            if not rollout.is_alive():
+            if not scorer.is_alive():
                 try:  # it may have queued its last item just before it ended
                     return batches.get_nowait()
                 except queue.Empty:
-                    raise RuntimeError(f"async loop: the rollout thread ended without sending batch {step}") from None
+                    raise RuntimeError(f"async loop: the scorer thread ended without sending batch {step}") from None
 
 
 def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None = None) -> int:
-    """Train from `start_step` to `trainer.steps` with rollout in a background thread. Returns the
-    number of steps taken now. Same run-folder artefacts as `run_rl`, plus the async metrics."""
+    """Train from `start_step` to `trainer.steps`, sampling and scoring in two background threads.
+    Returns the number of steps taken now. Same run-folder artefacts as `run_rl`, plus the async
+    metrics."""
     cfg = parts.config
     bound = cfg.algorithm.max_staleness
     store = open_run_store(parts.run, cfg.run.trajectory_store)  # an unwritable URL fails here, at once
     store.rollback(start_step)  # what the steps after the resumed checkpoint trained died with them
     store_lock = threading.Lock()
+    mixer_lock = threading.Lock()
+    stop = threading.Event()
+    sampled: queue.Queue = queue.Queue(maxsize=1)  # one generated batch waits while the previous is scored
     batches: queue.Queue = queue.Queue(maxsize=cfg.pipeline.queue_size)
     channel = WeightChannel()
-    rollout = _Rollout(parts, rollout_engine(parts), channel, store, store_lock, batches, start_step, cfg.trainer.steps)
-    rollout.start()
+    sampler = _Sampler(parts, rollout_engine(parts), channel, mixer_lock, sampled, stop, start_step, cfg.trainer.steps)
+    scorer = _ScorerThread(parts, mixer_lock, store, store_lock, sampled, batches, stop)
+    sampler.start()
+    scorer.start()
     taken = 0
     try:
         for step in range(start_step, cfg.trainer.steps):
             began = time.perf_counter()
             depth = batches.qsize()
-            item = _next_batch(batches, rollout, step)
+            item = _next_batch(batches, scorer, step)
             if isinstance(item, _Failure):
                 raise item.error
             batch: ScoredBatch = item
             if batch.step != step:
-                raise RuntimeError(f"async loop: the trainer expected batch {step}, the rollout thread sent {batch.step}")
+                raise RuntimeError(f"async loop: the trainer expected batch {step}, the scorer thread sent {batch.step}")
             timings = {**batch.timings, "trainer_idle_s": time.perf_counter() - began}
 
             kept = [e for e in batch.episodes if e.keep]
@@ -269,6 +348,7 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
             if on_step:
                 on_step(step + 1, metrics)
     finally:
-        rollout.stop.set()
-        rollout.join()
+        stop.set()
+        sampler.join()
+        scorer.join()
     return taken
