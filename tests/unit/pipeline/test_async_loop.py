@@ -168,3 +168,32 @@ def test_resume_after_a_crash_trains_every_id_exactly_once(tmp_path: Path, monke
         if id_ in first_tasks:
             assert row["task_id"] == first_tasks[id_], id_
     assert any(row["attempt"] > 0 for row in _latest(store).values())
+
+
+def test_the_next_batch_is_generated_while_this_one_is_scored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scoring batch b waits until batch b + 1 has started generating: a loop that samples and
+    scores in turn on one thread would never get there (and the wait would time out)."""
+    started: set[int] = set()
+    overlapped: list[tuple[int, bool]] = []
+    changed = threading.Condition()
+    original_sample, original_score = async_loop.sample_episodes, async_loop.score_and_gate
+
+    def sample(parts: Any, tasks: Any, step: int) -> Any:
+        with changed:
+            started.add(step)
+            changed.notify_all()
+        return original_sample(parts, tasks, step)
+
+    def score(parts: Any, episodes: Any, tasks_by_id: Any, step: int, timings: Any) -> Any:
+        if step + 1 < STEPS:
+            with changed:
+                overlapped.append((step, changed.wait_for(lambda: step + 1 in started, timeout=30)))
+        return original_score(parts, episodes, tasks_by_id, step, timings)
+
+    monkeypatch.setattr(async_loop, "sample_episodes", sample)
+    monkeypatch.setattr(async_loop, "score_and_gate", score)
+    run = _run(tmp_path, "overlap", "pipeline.mode=async", "algorithm.max_staleness=1")
+    assert overlapped == [(step, True) for step in range(STEPS - 1)]
+    _assert_exactly_once(_store(run), bound=1)
+    rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
+    assert all(m["scorer_idle_s"] >= 0 and m["sampler_idle_s"] >= 0 for m in rows)
