@@ -9,9 +9,8 @@ generates, scores and trains in turn; the asynchronous one (`pipeline.mode: asyn
 `algorithm.max_staleness`) generates batch b+1 while batch b is scored and batch b-1 trained.
 
 Generation runs with --threads torch threads (default 1) and scoring with --workers sandboxes
-(default 2): on 2 cores, the tiny model's generation is mostly per-token Python (it holds the GIL)
-and a sandbox mostly waits on its subprocess, so one generating thread leaves room for the scorer;
-with 2 torch threads the two stages slow each other down (measured: 1.00x at --threads 2).
+(default 2), so that on 2 cores the overlapped stages do not both ask for every core; with 2 torch
+threads they slow each other down more (measured: 1.00x at --threads 2).
 
 Reported: the wall time of the RL phase of each (from each run's summary), their ratio, and the
 reward reached: the mean train reward of the last steps and the held-out pass rate after RL. The
