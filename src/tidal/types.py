@@ -158,6 +158,9 @@ class Episode:
     drop_reason: str = ""
     advantage: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    # The reward to train on when it differs from score.value (e.g. normalised by the loop);
+    # None = score.value. See tidal.algos.advantages.episode_reward.
+    reward: float | None = None
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-serialisable record for the trajectory store."""
@@ -189,5 +192,6 @@ class TrainBatch:
     attention_mask: Any  # Tensor (B, T) long, 1 for real tokens
     completion_mask: Any  # Tensor (B, T) float, 1 on tokens whose logprob is trained
     old_logprobs: Any  # Tensor (B, T) float, sampler logprobs aligned with completion_mask
-    advantages: Any  # Tensor (B,) float, one per sequence
+    advantages: Any  # Tensor (B,) float, one per sequence; or (B, T) per token
     ref_logprobs: Any | None = None  # Tensor (B, T) float, when a KL term is used
+    rewards: Any | None = None  # Tensor (B,) float, each sequence's reward, NaN when it has none (for gae)

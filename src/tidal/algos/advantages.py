@@ -3,13 +3,18 @@
 Each estimator takes the rewards of G groups of n samples of the same prompt and a mask of the
 samples whose reward is valid (scored, not an infrastructure error). Invalid samples get
 advantage 0 and are left out of their group's baseline; a group with fewer valid samples than
-the estimator needs gets advantage 0 throughout.
+the estimator needs gets advantage 0 throughout. The (G, n) input is the whole batch, so an
+estimator may also normalise across groups (`reinforce_pp`).
+
+`gae` is registered too, so that the loop's `assign_advantages` works for every name, but its
+advantages are per token and need the value model: the trainer computes them (tidal.algos.gae).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -75,7 +80,39 @@ def rloo(rewards: Tensor, mask: Tensor) -> Tensor:
     return torch.where(has_baseline, rewards - others, torch.zeros_like(rewards))
 
 
-ADVANTAGES: dict[str, AdvantageFn] = {"grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo}
+def reinforce_pp(rewards: Tensor, mask: Tensor) -> Tensor:
+    """REINFORCE++-baseline (Hu et al., 2025): r - group mean, then whitened over the whole batch.
+
+    The group mean removes the prompt's difficulty; the batch mean and population std (over all
+    valid samples of all groups) set the scale, so unlike GRPO a group with a small spread of
+    rewards is not blown up to unit scale. Differs from the paper's implementation (OpenRLHF),
+    which whitens over the batch's tokens: here each sequence counts once. The paper's KL term
+    is chosen separately (`algorithm.kl_in`, `kl_estimator`).
+    """
+    rewards, mask = _clean(rewards, mask)  # (G, n)
+    mean, _ = _masked_mean(rewards, mask)
+    centred = (rewards - mean) * mask  # (G, n)
+    weights = mask.to(centred.dtype)
+    count = weights.sum().clamp(min=1)
+    batch_mean = (centred * weights).sum() / count
+    batch_std = ((((centred - batch_mean) * weights) ** 2).sum() / count).sqrt()
+    return (centred - batch_mean) * weights / (batch_std + EPS)
+
+
+def gae_placeholder(rewards: Tensor, mask: Tensor) -> Tensor:
+    """`gae`: zeros. PPO's advantages are per token and come from the value model, which only the
+    trainer has, so `Trainer.rl_step` computes them from `TrainBatch.rewards`; the per-sequence
+    `Episode.advantage` stays 0 (it is not what trains)."""
+    return torch.zeros_like(_clean(rewards, mask)[0])
+
+
+ADVANTAGES: dict[str, AdvantageFn] = {
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "reinforce_pp": reinforce_pp,
+    "gae": gae_placeholder,
+}
 
 
 def get_advantage(name: str) -> AdvantageFn:
@@ -85,19 +122,27 @@ def get_advantage(name: str) -> AdvantageFn:
     return ADVANTAGES[name]
 
 
+def episode_reward(episode: Episode) -> float | None:
+    """The reward to train on: `episode.reward` when the loop set one (e.g. normalised), else the
+    score's value; None when the episode is not scored."""
+    if episode.reward is not None:
+        return float(episode.reward)
+    return None if episode.score is None else float(episode.score.value)
+
+
 def has_valid_reward(episode: Episode) -> bool:
     """Whether the episode's reward may train: scored, finite, and not an infrastructure error."""
     score = episode.score
     if score is None or score.outcome == Outcome.INFRA_ERROR:
         return False
-    return bool(torch.isfinite(torch.tensor(float(score.value))))
+    return math.isfinite(episode_reward(episode))  # type: ignore[arg-type]
 
 
 def assign_advantages(episodes: list[Episode], name: str) -> None:
     """Set `episode.advantage` for every episode, grouping them by `group_id`.
 
     Episodes without a valid reward (see `has_valid_reward`) get 0 and stay out of the baseline.
-    Groups of different sizes are padded with invalid samples.
+    Groups of different sizes are padded with invalid samples. The reward is `episode_reward`.
     """
     estimator = get_advantage(name)
     if not episodes:
@@ -112,7 +157,7 @@ def assign_advantages(episodes: list[Episode], name: str) -> None:
     for g, group in enumerate(members):
         for i, episode in enumerate(group):
             if has_valid_reward(episode):
-                rewards[g, i] = float(episode.score.value)  # type: ignore[union-attr]
+                rewards[g, i] = episode_reward(episode)  # type: ignore[assignment]
                 mask[g, i] = True
     advantages = estimator(rewards, mask)  # (G, n)
     for g, group in enumerate(members):

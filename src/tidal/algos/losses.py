@@ -8,7 +8,8 @@ of the whole batch.
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -66,14 +67,28 @@ def _masked_mean(values: Tensor, mask: Tensor) -> float:
     return float((values * mask).sum()) / count if count > 0 else 0.0
 
 
+def token_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
+    """Advantages of shape (B,) (one per sequence) or (B, T) (per token) as (B, T), 0 off the mask.
+
+    The zeros off the mask matter for per-token advantages: padding may hold NaN, and NaN * 0 in
+    a backward pass is NaN.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)  # (B, 1)
+    elif advantages.shape != mask.shape:
+        raise ValueError(f"advantages of shape {tuple(advantages.shape)}: expected (B,) or (B, T) = {tuple(mask.shape)}")
+    advantages = advantages.to(mask.dtype).expand_as(mask)  # (B, T)
+    return torch.where(mask > 0, advantages, torch.zeros_like(advantages))
+
+
 def _clipped_surrogate(
     logprobs: Tensor, anchor: Tensor, advantages: Tensor, mask: Tensor, clip_low: float, clip_high: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """PPO's per-token clipped surrogate around `anchor`: (per_token, ratio, log_ratio, adv), (B, T)
-    each but adv (B, 1). 0 off the mask, where padding may hold anything, keeps exp finite."""
+    each. 0 off the mask, where padding may hold anything, keeps exp finite."""
     log_ratio = torch.where(mask > 0, logprobs - anchor, torch.zeros_like(logprobs))  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T)
-    adv = advantages.to(logprobs.dtype).unsqueeze(-1)  # (B, 1)
+    adv = token_advantages(advantages, mask)  # (B, T)
     unclipped = ratio * adv  # (B, T)
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # (B, T)
     return -torch.minimum(unclipped, clipped), ratio, log_ratio, adv
@@ -117,7 +132,8 @@ def ppo_clip_loss(
 
     Differs from PPO (Schulman et al., 2017) by the asymmetric range [1 - clip_low,
     1 + clip_high] ("clip-higher", DAPO) that leaves low-probability tokens room to grow.
-    Shapes: logprobs, old_logprobs, mask (B, T); advantages (B,). Metrics are token means over
+    Shapes: logprobs, old_logprobs, mask (B, T); advantages (B,) or (B, T) (per token, e.g. GAE).
+    Metrics are token means over
     the masked tokens of this batch: `clip_low_frac`/`clip_high_frac` are the tokens whose
     gradient the clip removed, `approx_kl` is the k3 estimate of KL(old || new).
     """
@@ -177,24 +193,30 @@ def tis_pg_loss(
     """
     mask = mask.to(logprobs.dtype)  # (B, T)
     weight, weight_metrics = _truncated_weight(logprobs.detach() - old_logprobs, mask, is_cap)
-    adv = advantages.to(logprobs.dtype).unsqueeze(-1)  # (B, 1)
+    adv = token_advantages(advantages, mask)  # (B, T)
     safe = torch.where(mask > 0, logprobs, torch.zeros_like(logprobs))  # (B, T)
     loss = aggregate(-weight * adv * safe, mask, aggregation, max_tokens, denominator)
     return loss, weight_metrics
 
 
-def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: Literal["k1", "k3"] = "k3") -> Tensor:
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: Literal["k1", "k2", "k3"] = "k3") -> Tensor:
     """Per-token estimate (B, T) of KL(policy || reference) on tokens sampled from the policy.
 
-    k1 = logp - logp_ref (unbiased, can be negative); k3 = exp(ref - logp) - (ref - logp) - 1
-    (Schulman's low-variance, always >= 0 estimator, used by GRPO).
+    k1 = logp - logp_ref (unbiased, can be negative); k2 = (logp - logp_ref)^2 / 2 (biased, >= 0,
+    low variance; its gradient is that of the reverse KL's, Schulman's note); k3 = exp(ref - logp)
+    - (ref - logp) - 1 (unbiased, >= 0, used by GRPO).
     """
     if estimator == "k1":
         return logprobs - ref_logprobs
+    if estimator == "k2":
+        return 0.5 * (logprobs - ref_logprobs) ** 2
     if estimator == "k3":
         delta = ref_logprobs - logprobs  # (B, T)
         return torch.exp(delta) - delta - 1.0
-    raise UnknownNameError("KL estimator", estimator, ["k1", "k3"])
+    raise UnknownNameError("KL estimator", estimator, list(KL_ESTIMATORS))
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

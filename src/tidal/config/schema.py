@@ -106,7 +106,10 @@ class GateConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    advantage: str = Field("grpo", description="grpo | dr_grpo | rloo")
+    advantage: str = Field(
+        "grpo", description="advantage estimator: grpo | dr_grpo | rloo | reinforce_pp (REINFORCE++-baseline: group "
+        "mean subtracted, then whitened over the batch) | gae (PPO with a value model: per-token GAE in the trainer)"
+    )
     loss: str = Field(
         "ppo_clip", description="policy loss: ppo_clip | decoupled_ppo (clip around the trainer's weights, truncated "
         "IS to the sampler's; for async) | tis_pg (policy gradient with truncated IS, no clip)"
@@ -116,8 +119,26 @@ class AlgorithmConfig(Section):
     aggregation: Literal["token", "sequence", "token_sum"] = Field(
         "token", description="token = mean over all tokens; sequence = mean of per-sequence means; token_sum = Dr.GRPO"
     )
-    kl_coef: float = Field(0.0, ge=0, description="KL-to-reference coefficient (0 = no reference model)")
-    kl_estimator: Literal["k1", "k3"] = Field("k3", description="KL estimator")
+    kl_coef: float = Field(
+        0.0, ge=0, description="KL-to-reference coefficient (0 = no reference model); the initial value when kl_target "
+        "is set"
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="KL estimator of the loss term and the `kl` metric: k1 = logp - logp_ref, "
+        "k2 = (logp - logp_ref)^2 / 2, k3 = Schulman's low-variance estimator"
+    )
+    kl_in: Literal["loss", "reward"] = Field(
+        "loss", description="loss = kl_coef * KL added to the loss (GRPO); reward = kl_coef * k1(sampler, reference) "
+        "per token taken from the reward (InstructGPT): a per-token reward for gae, a per-token advantage "
+        "adjustment A - kl_coef * kl_t for the group estimators"
+    )
+    kl_target: float | None = Field(
+        None, gt=0, description="adaptive KL coefficient (Ziegler et al. 2019): the `kl` metric (mean per-token KL) "
+        "it steers toward; null = fixed kl_coef"
+    )
+    kl_horizon: int = Field(
+        10_000, ge=1, description="adaptive KL: the controller's horizon in sequences (larger = slower changes)"
+    )
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus coefficient")
     epochs: int = Field(1, ge=1, le=64, description="passes over each batch (PPO epochs)")
     is_cap: float = Field(
@@ -128,6 +149,28 @@ class AlgorithmConfig(Section):
         1, ge=0, le=64, description="async mode: the most updates a trained sample's weights may lag the trainer's "
         "(step - weight_version); the sampler waits rather than exceed it. 0 = on-policy"
     )
+    gamma: float = Field(1.0, ge=0, le=1, description="gae: discount per completion token")
+    lam: float = Field(0.95, ge=0, le=1, description="gae: lambda of GAE (1 = Monte Carlo returns, 0 = one-step TD)")
+    critic_lr: float = Field(1e-4, gt=0, le=1, description="gae: learning rate of the value model (constant)")
+    value_clip: float = Field(
+        0.2, gt=0, le=1000, description="gae: how far a value may move from the sampled-time value before the value "
+        "loss stops pulling it (PPO's clipped value loss)"
+    )
+    critic_warmup_steps: int = Field(
+        0, ge=0, description="gae: RL steps at the start that train only the value model (the policy waits for a "
+        "baseline better than random)"
+    )
+    replay_weight: float = Field(
+        0.0, ge=0, description="weight of the mean token cross-entropy on a replay batch added to the RL loss "
+        "(against forgetting; the loop supplies the batch). 0 = off"
+    )
+
+    @model_validator(mode="after")
+    def _adaptive_kl_needs_a_start(self) -> "AlgorithmConfig":
+        # The controller multiplies the coefficient: from 0 it could never move.
+        if self.kl_target is not None and self.kl_coef <= 0:
+            raise ValueError("kl_target needs kl_coef > 0 (the controller's starting value)")
+        return self
 
 
 class TrainerConfig(Section):

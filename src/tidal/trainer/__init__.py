@@ -7,11 +7,20 @@ from tidal.trainer.checkpoint import (
     prune_checkpoints,
     save_training_state,
 )
+from tidal.trainer.critic import Critic, ValueModel
 from tidal.trainer.logprobs import collate, token_logprobs
-from tidal.trainer.trainer import Trainer, WarmupSchedule, autocast_dtype_for
+from tidal.trainer.trainer import (
+    ReplayBatch,
+    Trainer,
+    WarmupSchedule,
+    autocast_dtype_for,
+)
 
 __all__ = [
+    "Critic",
+    "ReplayBatch",
     "Trainer",
+    "ValueModel",
     "WarmupSchedule",
     "autocast_dtype_for",
     "collate",

@@ -8,7 +8,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tidal.algos.advantages import episode_reward, has_valid_reward
 from tidal.types import Episode, TrainBatch
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> Any:
+    """torch.autocast for `dtype` on `device`'s type (e.g. bf16 on CUDA), or nothing when None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def trim_padding(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Drop the padding columns that no row of this micro-batch uses (rows are right-padded)."""
+    length = max(int(attention_mask.sum(dim=1).max()), 1)
+    return input_ids[:, :length], attention_mask[:, :length], length
 
 
 def _row_logprobs(
@@ -50,11 +64,7 @@ def token_logprobs(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute logprobs, got {temperature}")
     batch, length = input_ids.shape
-    if autocast_dtype is not None:
-        autocast: Any = torch.autocast(device_type=input_ids.device.type, dtype=autocast_dtype)
-    else:
-        autocast = contextlib.nullcontext()
-    with autocast:
+    with autocast_context(input_ids.device, autocast_dtype):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
 
     rows, entropies = [], []
@@ -80,6 +90,8 @@ def collate(episodes: list[Episode], pad_id: int, device: torch.device | str = "
 
     Each row is prompt_ids + token_ids; `completion_mask` is 1 on the completion tokens and
     `old_logprobs` holds the sampler's logprob of each completion token at its position.
+    `rewards` (B,) holds each episode's `episode_reward` (NaN when it has no valid reward), which
+    the `gae` estimator turns into per-token rewards.
     """
     if not episodes:
         raise ValueError("collate needs at least one episode")
@@ -107,10 +119,14 @@ def collate(episodes: list[Episode], pad_id: int, device: torch.device | str = "
         completion_mask[b, start:end] = 1.0
         old_logprobs[b, start:end] = torch.tensor(c.logprobs, dtype=torch.float32)
     advantages = torch.tensor([e.advantage for e in episodes], dtype=torch.float32)  # (B,)
+    rewards = torch.tensor(
+        [episode_reward(e) if has_valid_reward(e) else float("nan") for e in episodes], dtype=torch.float32
+    )  # (B,)
     return TrainBatch(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
         completion_mask=completion_mask.to(device),
         old_logprobs=old_logprobs.to(device),
         advantages=advantages.to(device),
+        rewards=rewards.to(device),
     )

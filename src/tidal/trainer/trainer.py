@@ -1,30 +1,74 @@
 """The update step: micro-batches, mixed precision, gradient clipping, LR schedule.
 
-`Trainer.rl_step` trains on a `TrainBatch` with the configured policy loss; `Trainer.sft_step`
-runs a supervised cross-entropy step through the same machinery (used by the warm start). A batch
-is split into micro-batches of `micro_batch_size` sequences whose gradients accumulate; each
-micro-batch loss is normalised by the whole batch's denominator (all its completion tokens for
-token aggregation), so the accumulated gradient equals the gradient of the whole-batch loss.
-An update whose loss or gradient norm is not finite is skipped and reported (`skipped: 1`).
+`Trainer.rl_step` trains on a `TrainBatch` with the configured policy loss, the KL term (in the
+loss or in the reward, with a fixed or adaptive coefficient), the entropy bonus, an optional
+replay cross-entropy against forgetting, and for `gae` the value model (tidal.trainer.critic);
+`Trainer.sft_step` runs a supervised cross-entropy step through the same machinery (used by the
+warm start). A batch is split into micro-batches of `micro_batch_size` sequences whose gradients
+accumulate; each micro-batch loss is normalised by the whole batch's denominator (all its
+completion tokens for token aggregation), so the accumulated gradient equals the gradient of the
+whole-batch loss. An update whose loss or gradient norm is not finite is skipped and reported
+(`skipped: 1`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from tidal.algos.losses import LOSS_INPUTS, aggregate, get_loss, kl_penalty, loss_denominator
+from tidal.algos.advantages import get_advantage
+from tidal.algos.gae import (
+    clipped_value_loss,
+    explained_variance,
+    gae,
+    token_rewards,
+    whiten,
+)
+from tidal.algos.kl import KLController, kl_adjusted_advantages
+from tidal.algos.losses import (
+    LOSS_INPUTS,
+    aggregate,
+    get_loss,
+    kl_penalty,
+    loss_denominator,
+)
 from tidal.config.schema import AlgorithmConfig, TrainerConfig
 from tidal.trainer.checkpoint import load_training_state, save_training_state
-from tidal.trainer.logprobs import token_logprobs
+from tidal.trainer.critic import CRITIC_FILE, Critic, PolicyWithCritic
+from tidal.trainer.logprobs import token_logprobs, trim_padding
 from tidal.types import TrainBatch
 
 MicroLoss = Callable[[slice], tuple[Tensor, dict[str, float]]]
+Part = tuple[int, MicroLoss]  # rows of one batch, and the loss of a slice of them
+
+# The key of the trainer's own state (the KL coefficient) in a checkpoint's `extra`.
+TRAINER_STATE = "trainer_state"
+
+
+@dataclasses.dataclass
+class ReplayBatch:
+    """Supervised sequences trained with an RL batch against forgetting (`Trainer.rl_step`): base
+    data or earlier good trajectories, chosen by the loop. Same layout as `sft_step`'s arguments."""
+
+    input_ids: Tensor  # (R, T) long, right-padded
+    attention_mask: Tensor  # (R, T) long, 1 for real tokens
+    loss_mask: Tensor  # (R, T) float, 1 on the tokens whose prediction is trained
+
+
+@dataclasses.dataclass
+class ValueTargets:
+    """What the value model trains on in one rl_step (gae): all (B, T), fixed for its epochs."""
+
+    old_values: Tensor  # the value model's values before this step's updates
+    returns: Tensor  # GAE returns, the regression targets
+    mask: Tensor  # completion tokens of the sequences that have a reward
 
 
 class WarmupSchedule:
@@ -71,17 +115,19 @@ def _masked_mean(values: Tensor, mask: Tensor) -> float:
     return float((values.detach() * mask).sum()) / count if count > 0 else 0.0
 
 
-def _trim(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, int]:
-    """Drop the padding columns that no row of this micro-batch uses (rows are right-padded)."""
-    length = max(int(attention_mask.sum(dim=1).max()), 1)
-    return input_ids[:, :length], attention_mask[:, :length], length
+def _rows(values: Tensor, rows: slice, length: int) -> Tensor:
+    """A micro-batch of per-sequence (B,) or per-token (B, T) values."""
+    return values[rows] if values.dim() == 1 else values[rows, :length]
 
 
 class Trainer:
-    """Optimizer, schedule and update steps for one policy model.
+    """Optimizer, schedule and update steps for one policy model (and its value model for gae).
 
     `max_tokens` is the constant of `token_sum` aggregation (Dr. GRPO): pass the generation
     budget (rollout.max_new_tokens). `updates` counts the optimizer steps actually taken.
+    `kl` holds the KL coefficient (adaptive when `algorithm.kl_target` is set); `critic` is
+    the value model, created as a copy of the policy's backbone when `algorithm.advantage` is
+    `gae`, else None.
     """
 
     def __init__(
@@ -99,6 +145,7 @@ class Trainer:
             raise ValueError(f"temperature must be > 0 for training logprobs, got {temperature}")
         if algo_cfg.aggregation == "token_sum" and not max_tokens:
             raise ValueError("algorithm.aggregation 'token_sum' needs Trainer(max_tokens=rollout.max_new_tokens)")
+        get_advantage(algo_cfg.advantage)  # an unknown estimator fails here, not after the first rollout
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.cfg = trainer_cfg
@@ -111,25 +158,39 @@ class Trainer:
             ref_model.to(self.device).eval()
             ref_model.requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=trainer_cfg.lr, betas=tuple(trainer_cfg.betas), weight_decay=trainer_cfg.weight_decay
-        )
+        betas = (trainer_cfg.betas[0], trainer_cfg.betas[1])
+        self.optimizer = torch.optim.AdamW(self.params, lr=trainer_cfg.lr, betas=betas, weight_decay=trainer_cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, WarmupSchedule(trainer_cfg.warmup_steps, total_steps, trainer_cfg.schedule)
         )
         self.autocast_dtype = autocast_dtype_for(trainer_cfg.precision, self.device)
         self.updates = 0
+        self.kl = KLController(algo_cfg.kl_coef, algo_cfg.kl_target, algo_cfg.kl_horizon)
+        self.critic: Critic | None = None
+        if algo_cfg.advantage == "gae":
+            self.critic = Critic(self.model, algo_cfg.critic_lr, betas, trainer_cfg.weight_decay, self.device)
 
     # ---------------------------------------------------------------- update machinery
 
-    def _apply(self, num_rows: int, micro_loss: MicroLoss) -> dict[str, float]:
-        """Accumulate gradients over micro-batches, clip, and step unless something is not finite."""
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+    def _apply(self, parts: list[Part], critic: bool = False) -> dict[str, float]:
+        """Accumulate gradients over the micro-batches of every part, clip, and step unless
+        something is not finite. `critic` steps the value model's optimizer instead of the policy's."""
+        if critic:
+            assert self.critic is not None
+            module, params, optimizer = self.critic.model, self.critic.params, self.critic.optimizer
+        else:
+            module, params, optimizer = self.model, self.params, self.optimizer
+        module.train()
+        optimizer.zero_grad(set_to_none=True)
+        chunks = [
+            (micro_loss, slice(start, start + self.cfg.micro_batch_size))
+            for num_rows, micro_loss in parts
+            for start in range(0, num_rows, self.cfg.micro_batch_size)
+        ]
         sums: dict[str, float] = defaultdict(float)
         total_loss, finite = 0.0, True
-        for start in range(0, num_rows, self.cfg.micro_batch_size):
-            loss, metrics = micro_loss(slice(start, start + self.cfg.micro_batch_size))
+        for micro_loss, rows in chunks:
+            loss, metrics = micro_loss(rows)
             value = float(loss.detach())
             total_loss += value
             if not math.isfinite(value):
@@ -140,18 +201,37 @@ class Trainer:
                 sums[key] += metric
         grad_norm = math.nan
         if finite:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip))
-        lr = float(self.optimizer.param_groups[0]["lr"])
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+        lr = float(optimizer.param_groups[0]["lr"])
         skipped = not (finite and math.isfinite(grad_norm))
         if not skipped:
-            self.optimizer.step()
-            self.scheduler.step()
-            self.updates += 1
-        self.optimizer.zero_grad(set_to_none=True)
+            optimizer.step()
+            if not critic:
+                self.scheduler.step()
+                self.updates += 1
+        optimizer.zero_grad(set_to_none=True)
         return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, "skipped": float(skipped), **sums}
 
     def _logprobs(self, model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any):
         return token_logprobs(model, input_ids, attention_mask, autocast_dtype=self.autocast_dtype, **kwargs)
+
+    def _cross_entropy(
+        self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, weight: float = 1.0, metric: str | None = None
+    ) -> tuple[Part, float]:
+        """The part of a supervised loss, weight * mean cross-entropy over the tokens where
+        loss_mask is 1 (temperature 1), and its token count. `metric` reports the unweighted mean."""
+        input_ids = input_ids.to(self.device)  # (R, T)
+        attention_mask = attention_mask.to(self.device)  # (R, T)
+        loss_mask = _wide(loss_mask.to(self.device)) * attention_mask  # (R, T)
+        total_tokens = float(loss_mask.sum())
+
+        def micro_loss(rows: slice) -> tuple[Tensor, dict[str, float]]:
+            ids, attn, length = trim_padding(input_ids[rows], attention_mask[rows])
+            logprobs, _ = self._logprobs(self.model, ids, attn)  # (r, t)
+            cross_entropy = -(logprobs * loss_mask[rows, :length]).sum() / max(total_tokens, 1.0)
+            return weight * cross_entropy, ({metric: float(cross_entropy.detach())} if metric else {})
+
+        return (input_ids.shape[0], micro_loss), total_tokens
 
     # ---------------------------------------------------------------- RL
 
@@ -171,25 +251,95 @@ class Trainer:
         with torch.no_grad():
             for start in range(0, batch.input_ids.shape[0], self.cfg.micro_batch_size):
                 rows = slice(start, start + self.cfg.micro_batch_size)
-                ids, attn, length = _trim(batch.input_ids[rows], batch.attention_mask[rows])
+                ids, attn, length = trim_padding(batch.input_ids[rows], batch.attention_mask[rows])
                 values, _ = self._logprobs(model, ids, attn, temperature=self.temperature)
                 out[rows, :length] = values
         return out
 
-    def rl_step(self, batch: TrainBatch) -> dict[str, float]:
-        """`algorithm.epochs` updates on `batch` with the policy loss, KL and entropy terms.
+    def _advantages(
+        self, batch: TrainBatch, ref_logprobs: Tensor | None, kl_coef: float
+    ) -> tuple[Tensor, ValueTargets | None, dict[str, float]]:
+        """The advantages the loss trains on, (B,) or (B, T), the value model's targets (gae),
+        and their metrics. With kl_in=reward the KL to the reference is taken from the reward
+        here (see tidal.algos.kl): per-token k1 of the sampler's logprobs, a constant."""
+        mask = batch.completion_mask  # (B, T)
+        metrics: dict[str, float] = {}
+        reward_kl = None
+        if self.algo.kl_in == "reward" and ref_logprobs is not None and kl_coef > 0:
+            k1 = kl_penalty(batch.old_logprobs, ref_logprobs, "k1")  # (B, T)
+            reward_kl = torch.where(mask > 0, k1, torch.zeros_like(k1))
+            metrics["kl_reward"] = _masked_mean(reward_kl, mask)
+        if self.critic is not None:
+            advantages, targets = self._gae(batch, reward_kl, kl_coef, metrics)
+            return advantages, targets, metrics
+        if reward_kl is not None:
+            return kl_adjusted_advantages(batch.advantages, reward_kl, mask, kl_coef), None, metrics
+        return batch.advantages, None, metrics
 
-        Metrics are means over the epochs (`skipped` counts the skipped updates): loss,
-        policy_loss, grad_norm, lr, entropy, clip_low_frac, clip_high_frac, ratio_mean,
-        approx_kl (to the sampler), kl (to the reference, when one is available), tokens.
+    def _gae(
+        self, batch: TrainBatch, reward_kl: Tensor | None, kl_coef: float, metrics: dict[str, float]
+    ) -> tuple[Tensor, ValueTargets]:
+        """Per-token advantages (B, T) from the value model: the sequence reward at the last
+        completion token (minus the per-token KL when it is in the reward), GAE, then whitened
+        over the batch's tokens. A sequence without a valid reward (NaN) gets advantage 0 and
+        does not train the value model."""
+        assert self.critic is not None
+        if batch.rewards is None:
+            raise ValueError("algorithm.advantage 'gae' needs TrainBatch.rewards (the sequence rewards; collate fills them)")
+        rewards = _wide(batch.rewards.to(self.device))  # (B,)
+        valid = torch.isfinite(rewards)  # (B,)
+        mask = batch.completion_mask * valid.unsqueeze(-1)  # (B, T)
+        old_values = self.critic.values(
+            batch.input_ids, batch.attention_mask, self.cfg.micro_batch_size, self.autocast_dtype
+        ).to(mask.dtype)  # (B, T)
+        per_token = token_rewards(torch.where(valid, rewards, torch.zeros_like(rewards)), mask, reward_kl, kl_coef)
+        advantages, returns = gae(per_token, old_values, mask, self.algo.gamma, self.algo.lam)  # (B, T) each
+        metrics["value_mean"] = _masked_mean(old_values, mask)
+        metrics["returns_mean"] = _masked_mean(returns, mask)
+        metrics["explained_variance"] = explained_variance(old_values, returns, mask)
+        return whiten(advantages, mask), ValueTargets(old_values, returns, mask)
+
+    def _critic_epoch(self, batch: TrainBatch, targets: ValueTargets) -> dict[str, float]:
+        """One update of the value model: clipped value loss, token mean over the batch."""
+        assert self.critic is not None
+        critic = self.critic
+        total_tokens = float(targets.mask.sum())
+        if total_tokens == 0:
+            return {}
+
+        def micro_loss(rows: slice) -> tuple[Tensor, dict[str, float]]:
+            ids, attn, length = trim_padding(batch.input_ids[rows], batch.attention_mask[rows])
+            values = critic.model(ids, attn, self.autocast_dtype)  # (b, t)
+            per_token = clipped_value_loss(
+                values, targets.old_values[rows, :length], targets.returns[rows, :length], self.algo.value_clip
+            )  # (b, t)
+            mask = targets.mask[rows, :length]
+            return torch.where(mask > 0, per_token, torch.zeros_like(per_token)).sum() / total_tokens, {}
+
+        stats = self._apply([(batch.input_ids.shape[0], micro_loss)], critic=True)
+        return {"value_loss": stats["loss"], "critic_grad_norm": stats["grad_norm"], "critic_skipped": stats["skipped"]}
+
+    def rl_step(self, batch: TrainBatch, replay: ReplayBatch | None = None) -> dict[str, float]:
+        """`algorithm.epochs` updates on `batch` with the policy loss, KL, entropy and replay terms
+        (and as many updates of the value model, for gae).
+
+        `replay`, when given and `algorithm.replay_weight` > 0, adds replay_weight * its mean
+        token cross-entropy to every update's loss, micro-batched like the RL batch and
+        accumulated into the same optimizer step. Metrics are means over the epochs (`skipped`
+        counts the skipped updates): loss, policy_loss, grad_norm, lr, entropy, clip_low_frac,
+        clip_high_frac, ratio_mean, approx_kl (to the sampler), kl (to the reference, with
+        `kl_estimator`) and kl_coef (the coefficient of this step), when a reference is
+        available; kl_reward (kl_in=reward); replay_loss; for gae value_loss, critic_grad_norm,
+        value_mean, returns_mean, explained_variance (of the values before this step) and
+        critic_warmup (1 while only the value model trains); tokens.
         """
-        batch = TrainBatch(
+        batch = dataclasses.replace(
+            batch,
             input_ids=batch.input_ids.to(self.device),
             attention_mask=batch.attention_mask.to(self.device),
             completion_mask=_wide(batch.completion_mask.to(self.device)),
             old_logprobs=_wide(batch.old_logprobs.to(self.device)),
             advantages=_wide(batch.advantages.to(self.device)),
-            ref_logprobs=batch.ref_logprobs,
         )
         num_rows = batch.input_ids.shape[0]
         if num_rows == 0:
@@ -200,12 +350,14 @@ class Trainer:
             return {"loss": 0.0, "grad_norm": 0.0, "lr": lr, "skipped": 1.0, "tokens": 0.0}
         denominator = loss_denominator(batch.completion_mask, self.algo.aggregation)
         ref_logprobs = self._reference_logprobs(batch)
+        kl_coef = self.kl.value
+        advantages, value_targets, step_metrics = self._advantages(batch, ref_logprobs, kl_coef)
         inputs = LOSS_INPUTS.get(self.algo.loss, ())
         # The proximal policy of decoupled PPO: these weights before this step's first update.
         prox_logprobs = self._frozen_logprobs(self.model, batch) if "prox_logprobs" in inputs else None
 
         def micro_loss(rows: slice) -> tuple[Tensor, dict[str, float]]:
-            ids, attn, length = _trim(batch.input_ids[rows], batch.attention_mask[rows])
+            ids, attn, length = trim_padding(batch.input_ids[rows], batch.attention_mask[rows])
             mask = batch.completion_mask[rows, :length]  # (b, t)
             logprobs, entropy = self._logprobs(
                 self.model, ids, attn, temperature=self.temperature,
@@ -217,7 +369,7 @@ class Trainer:
             if prox_logprobs is not None:
                 options["prox_logprobs"] = prox_logprobs[rows, :length]
             loss, metrics = self.loss_fn(
-                logprobs, batch.old_logprobs[rows, :length], batch.advantages[rows], mask,
+                logprobs, batch.old_logprobs[rows, :length], _rows(advantages, rows, length), mask,
                 clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
                 aggregation=self.algo.aggregation, max_tokens=self.max_tokens, denominator=denominator, **options,
             )
@@ -229,9 +381,9 @@ class Trainer:
             if ref_logprobs is not None:
                 kl = kl_penalty(logprobs, ref_logprobs[rows, :length], self.algo.kl_estimator)  # (b, t)
                 metrics["kl"] = _masked_mean(kl, mask) * weight
-                if self.algo.kl_coef > 0:
+                if self.algo.kl_in == "loss" and kl_coef > 0:
                     kl_loss = aggregate(kl, mask, self.algo.aggregation, self.max_tokens, denominator)
-                    loss = loss + self.algo.kl_coef * kl_loss
+                    loss = loss + kl_coef * kl_loss
             if self.algo.entropy_coef > 0:
                 bonus = aggregate(
                     entropy, mask, self.algo.aggregation, self.max_tokens, denominator  # type: ignore[arg-type]
@@ -239,9 +391,31 @@ class Trainer:
                 loss = loss - self.algo.entropy_coef * bonus
             return loss, metrics
 
-        epochs = [self._apply(num_rows, micro_loss) for _ in range(self.algo.epochs)]
+        parts: list[Part] = [(num_rows, micro_loss)]
+        if replay is not None and self.algo.replay_weight > 0:
+            replay_part, replay_tokens = self._cross_entropy(
+                replay.input_ids, replay.attention_mask, replay.loss_mask, self.algo.replay_weight, "replay_loss"
+            )
+            if replay_tokens > 0:
+                parts.append(replay_part)
+        train_policy = self.critic is None or self.critic.steps >= self.algo.critic_warmup_steps
+        epochs = []
+        for _ in range(self.algo.epochs):
+            stats = self._apply(parts) if train_policy else {}
+            if value_targets is not None:
+                stats.update(self._critic_epoch(batch, value_targets))
+            epochs.append(stats)
         result = {key: sum(e.get(key, 0.0) for e in epochs) / len(epochs) for key in epochs[0]}
-        result["skipped"] = sum(e["skipped"] for e in epochs)
+        result["skipped"] = sum(e.get("skipped", 0.0) for e in epochs)
+        result.setdefault("lr", float(self.optimizer.param_groups[0]["lr"]))  # the critic warmup trains no policy
+        result.update(step_metrics)
+        if self.critic is not None:
+            self.critic.steps += 1
+            result["critic_warmup"] = float(not train_policy)
+        if ref_logprobs is not None:
+            result["kl_coef"] = kl_coef
+            if "kl" in result and result["skipped"] == 0:
+                self.kl.update(result["kl"], num_rows)
         result["tokens"] = total_tokens
         return result
 
@@ -253,33 +427,34 @@ class Trainer:
         Shapes: (B, T) each, right-padded; loss_mask[:, t] = 1 trains the prediction of token t
         from the tokens before it. The temperature is 1 whatever the trainer's sampling one.
         """
-        input_ids = input_ids.to(self.device)  # (B, T)
-        attention_mask = attention_mask.to(self.device)  # (B, T)
-        loss_mask = _wide(loss_mask.to(self.device)) * attention_mask  # (B, T)
-        total_tokens = float(loss_mask.sum())
+        part, total_tokens = self._cross_entropy(input_ids, attention_mask, loss_mask)
         if total_tokens == 0:
             lr = float(self.optimizer.param_groups[0]["lr"])
             return {"loss": 0.0, "grad_norm": 0.0, "lr": lr, "skipped": 1.0, "tokens": 0.0}
-
-        def micro_loss(rows: slice) -> tuple[Tensor, dict[str, float]]:
-            ids, attn, length = _trim(input_ids[rows], attention_mask[rows])
-            logprobs, _ = self._logprobs(self.model, ids, attn)  # (b, t)
-            return -(logprobs * loss_mask[rows, :length]).sum() / total_tokens, {}
-
-        result = self._apply(input_ids.shape[0], micro_loss)
+        result = self._apply([part])
         result["tokens"] = total_tokens
         return result
 
     # ---------------------------------------------------------------- checkpoints
 
     def save(self, folder: str | Path, step: int, extra: dict[str, Any] | None = None, tokenizer: Any = None) -> Path:
-        """Save model, optimizer, schedule and RNG states atomically (see `save_training_state`)."""
-        return save_training_state(
-            folder, self.model, self.optimizer, self.scheduler, step, dict(extra or {}), save_tokenizer=tokenizer
-        )
+        """Save model, optimizer, schedule and RNG states atomically (see `save_training_state`),
+        the KL coefficient (in `extra`, under TRAINER_STATE) and, for gae, the value model and its
+        optimizer (CRITIC_FILE, inside the same atomic folder)."""
+        extra = dict(extra or {})
+        if TRAINER_STATE in extra:
+            raise ValueError(f"checkpoint extra key {TRAINER_STATE!r} is the trainer's own; use another name")
+        extra[TRAINER_STATE] = self.kl.state_dict()
+        model: Any = self.model if self.critic is None else PolicyWithCritic(self.model, self.critic)
+        return save_training_state(folder, model, self.optimizer, self.scheduler, step, extra, save_tokenizer=tokenizer)
 
     def load(self, folder: str | Path) -> tuple[int, dict[str, Any]]:
-        """Restore a checkpoint saved by `save`; returns (step, extra)."""
+        """Restore a checkpoint saved by `save`; returns (step, extra) with extra as it was given."""
         step, extra = load_training_state(folder, self.model, self.optimizer, self.scheduler)
+        state = extra.pop(TRAINER_STATE, None)
+        if state is not None:  # checkpoints written before the KL coefficient was saved lack it
+            self.kl.load_state_dict(state)
+        if self.critic is not None:
+            self.critic.load(Path(folder) / CRITIC_FILE)
         self.updates = int(self.scheduler.last_epoch)
         return step, extra

@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from tidal.algos.advantages import ADVANTAGES, assign_advantages, get_advantage
+from tidal.algos.advantages import (
+    ADVANTAGES,
+    assign_advantages,
+    episode_reward,
+    get_advantage,
+    has_valid_reward,
+)
 from tidal.errors import UnknownNameError
 from tidal.types import Completion, Episode, Outcome, Score
 
@@ -87,10 +93,60 @@ def test_masked_samples_do_not_enter_the_baseline(name: str) -> None:
     assert torch.isfinite(estimator(REWARDS, MASK)).all()
 
 
+def test_reinforce_pp_by_hand() -> None:
+    # Group-centred: g0 +-0.5 (4 valid), g1 +0.5, -0.5, 0 (3 valid), g2 0 (1 valid), g3 0 (4 valid).
+    # Batch of 12 valid samples: mean 0, population variance (4 * 0.25 + 2 * 0.25) / 12 = 0.125,
+    # std 0.3535534, so +-0.5 -> +-1.4142136 in every group (GRPO gives group 1 +-1.2247449).
+    s = 0.5 / math.sqrt(0.125)
+    expected = torch.tensor(
+        [
+            [s, -s, s, -s],
+            [s, -s, 0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0],
+        ]
+    )
+    torch.testing.assert_close(ADVANTAGES["reinforce_pp"](REWARDS, MASK), expected, atol=1e-5, rtol=0)
+
+
+def test_reinforce_pp_normalises_over_the_batch_not_the_group() -> None:
+    """Scaling one group's rewards changes the other group's advantages (a shared std), and a
+    group's spread is kept relative to the other's (GRPO would give both +-1)."""
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    small = ADVANTAGES["reinforce_pp"](torch.tensor([[1.0, 0.0], [0.6, 0.4]]), mask)
+    # Centred: +-0.5 and +-0.1; batch std sqrt((2 * 0.25 + 2 * 0.01) / 4) = sqrt(0.13).
+    std = math.sqrt(0.13)
+    torch.testing.assert_close(small, torch.tensor([[0.5, -0.5], [0.1, -0.1]]) / std, atol=1e-5, rtol=0)
+    wider = ADVANTAGES["reinforce_pp"](torch.tensor([[1.0, 0.0], [0.7, 0.3]]), mask)
+    assert wider[0, 0] < small[0, 0]
+    torch.testing.assert_close(ADVANTAGES["grpo"](torch.tensor([[0.6, 0.4]]), mask[:1]), torch.tensor([[1.0, -1.0]]), atol=1e-4, rtol=0)
+
+
+def test_gae_is_a_placeholder_computed_by_the_trainer() -> None:
+    episodes = [_episode("a", 0, 1.0), _episode("a", 1, 0.0)]
+    assign_advantages(episodes, "gae")
+    assert [e.advantage for e in episodes] == [0.0, 0.0]
+
+
+def test_a_reward_set_on_the_episode_replaces_the_score() -> None:
+    episodes = [_episode("a", 0, 1.0), _episode("a", 1, 0.0), _episode("a", 2, 0.0)]
+    episodes[0].reward = 0.25  # e.g. normalised by the loop
+    assert episode_reward(episodes[0]) == 0.25 and episode_reward(episodes[1]) == 0.0
+    assign_advantages(episodes, "dr_grpo")
+    # rewards 0.25, 0, 0: mean 1/12
+    assert [e.advantage for e in episodes] == pytest.approx([0.25 - 1 / 12, -1 / 12, -1 / 12])
+    episodes[1].reward = float("nan")
+    assert not has_valid_reward(episodes[1])
+    unscored = _episode("b", 0, None)
+    unscored.reward = 1.0  # a reward without a score is not a verdict
+    assert not has_valid_reward(unscored)
+
+
 def test_unknown_estimator_lists_known_names() -> None:
     with pytest.raises(UnknownNameError) as info:
         get_advantage("ppo_gae_typo")
-    assert "grpo" in str(info.value) and "rloo" in str(info.value)
+    for name in ("grpo", "rloo", "reinforce_pp", "gae"):
+        assert name in str(info.value)
 
 
 def _episode(group: str, index: int, reward: float | None, outcome: Outcome = Outcome.PASSED) -> Episode:

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from tidal.algos.losses import (
+    LOSS_INPUTS,
+    LOSSES,
     aggregate,
     entropy_from_logits,
     get_loss,
@@ -110,6 +112,41 @@ def test_kl_estimators_by_hand() -> None:
     # delta = ref - logp = -0.5, 1.0: e^-0.5 + 0.5 - 1 = 0.1065307; e^1 - 1 - 1 = 0.7182818
     torch.testing.assert_close(kl_penalty(logp, ref, "k3"), torch.tensor([[0.1065307, 0.7182818]]))
     assert kl_penalty(logp, logp, "k3").abs().max().item() == 0.0
+    # k2 = (logp - ref)^2 / 2: 0.5^2 / 2 = 0.125; 1^2 / 2 = 0.5
+    torch.testing.assert_close(kl_penalty(logp, ref, "k2"), torch.tensor([[0.125, 0.5]]))
+    with pytest.raises(UnknownNameError, match="k2"):
+        kl_penalty(logp, ref, "k4")  # type: ignore[arg-type]
+
+
+def test_per_token_advantages_by_hand() -> None:
+    """(B, T) advantages weigh each token by its own advantage; padding (here NaN) is ignored."""
+    advantages = torch.tensor([[1.0, 2.0, float("nan")], [-1.0, 0.5, -2.0]])
+    # seq 0: r=1.5, A=1 -> -1.28 (clipped high); r=0.9, A=2 -> -1.8
+    # seq 1: r=0.5, A=-1 -> 0.8 (clipped low); r=1.1, A=0.5 -> -0.55; r=1.0, A=-2 -> 2.0
+    new = NEW.clone().requires_grad_()
+    loss, metrics = ppo_clip_loss(new, OLD, advantages, MASK, 0.2, 0.28)
+    assert loss.item() == pytest.approx((-1.28 - 1.8 + 0.8 - 0.55 + 2.0) / 5, abs=1e-6)
+    loss.backward()
+    assert torch.isfinite(new.grad).all() and new.grad[0, 2] == 0.0
+    assert metrics["clip_high_frac"] == pytest.approx(1 / 5) and metrics["clip_low_frac"] == pytest.approx(1 / 5)
+    with pytest.raises(ValueError, match="advantages of shape"):
+        ppo_clip_loss(NEW, OLD, advantages[:, :2], MASK)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+def test_per_token_advantages_constant_along_t_equal_the_sequence_path(name: str, aggregation: str) -> None:
+    options = {key: {"prox_logprobs": OLD + 0.1, "is_cap": 2.0}[key] for key in LOSS_INPUTS.get(name, ())}
+    results = []
+    for advantages in (ADVANTAGES, ADVANTAGES.unsqueeze(-1).expand(2, 3)):
+        new = NEW.clone().requires_grad_()
+        loss, metrics = get_loss(name)(new, OLD, advantages, MASK, 0.2, 0.28, aggregation, **options)
+        (grad,) = torch.autograd.grad(loss, new)
+        results.append((loss, grad, metrics))
+    (loss, grad, metrics), (token_loss, token_grad, token_metrics) = results
+    assert token_loss.item() == pytest.approx(loss.item(), abs=1e-7)
+    torch.testing.assert_close(token_grad, grad)
+    assert token_metrics == pytest.approx(metrics)
 
 
 def test_entropy_from_logits_by_hand() -> None:

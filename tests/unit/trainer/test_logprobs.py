@@ -7,7 +7,7 @@ import torch
 
 from tidal.algos.losses import entropy_from_logits
 from tidal.trainer.logprobs import collate, token_logprobs
-from tidal.types import Completion, Episode
+from tidal.types import Completion, Episode, Outcome, Score
 
 from .tiny import build_model
 
@@ -63,6 +63,18 @@ def test_collate_aligns_completion_tokens_and_sampler_logprobs() -> None:
     )
     assert batch.advantages.tolist() == [1.0, -0.5]
     assert batch.ref_logprobs is None
+
+
+def test_collate_fills_the_sequence_rewards() -> None:
+    """The score's value, a reward the loop set in its place, NaN without a valid reward."""
+    scored = [_episode([1], [2], [-0.1], 0.0) for _ in range(4)]
+    scored[0].score = Score(1.0, Outcome.PASSED)
+    scored[1].score = Score(1.0, Outcome.PASSED)
+    scored[1].reward = 0.3
+    scored[2].score = Score(0.0, Outcome.INFRA_ERROR)
+    rewards = collate(scored, pad_id=0).rewards  # the last one is not scored
+    assert rewards.shape == (4,) and rewards[:2].tolist() == pytest.approx([1.0, 0.3])
+    assert torch.isnan(rewards[2:]).all()
 
 
 def test_collate_rejects_mismatched_logprobs() -> None:
