@@ -3,9 +3,13 @@ warm start, eval, run. Every field has a description and bounds where they exist
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tidal.domains.adaptive import AdaptiveWeightsConfig
+from tidal.domains.curriculum import CurriculumConfig
+from tidal.domains.normalize import NormaliserConfig
 
 
 class Section(BaseModel):
@@ -47,6 +51,12 @@ class RolloutConfig(Section):
     batch_prompts: int = Field(64, ge=1, le=4096, description="prompts generated together in one batch")
 
 
+class DomainVerifier(Section):
+    name: str = Field(min_length=1, description="`task` (the task's own verifier) or a registered verifier name")
+    weight: float = Field(1.0, ge=0, description="weight of this sub-reward in the domain's reward")
+    args: dict[str, Any] = Field(default_factory=dict, description="the verifier's arguments (as in a task's verifier)")
+
+
 class DomainConfig(Section):
     weight: float = Field(1.0, ge=0, description="share of each step's tasks (normalised over domains)")
     family: str | None = Field(None, description="built-in task family generating this domain's tasks")
@@ -58,6 +68,14 @@ class DomainConfig(Section):
     warm_start_share: float | None = Field(
         None, gt=0, le=1, description="this domain's warm_start.share (e.g. 1 for facts RL cannot discover)"
     )
+    verifiers: list[DomainVerifier] = Field(
+        default_factory=list,
+        description="the training reward as weighted sub-rewards, e.g. [{name: task, weight: 0.8}, {name: static, "
+        "weight: 0.1}]; `task` is each task's own verifier; empty = the task's verifier alone",
+    )
+    normaliser: NormaliserConfig = Field(default_factory=NormaliserConfig, description="reward normalisation of this domain")
+    curriculum: CurriculumConfig | None = Field(None, description="difficulty curriculum over this domain's tasks (None = off)")
+    priority: int = Field(0, ge=0, le=100, description="scheduling priority of this domain's rollouts (higher first)")
 
     @model_validator(mode="after")
     def _has_source(self) -> "DomainConfig":
@@ -65,6 +83,24 @@ class DomainConfig(Section):
             raise ValueError("give a built-in `family` or task `sources`")
         if self.min_difficulty > self.max_difficulty:
             raise ValueError("min_difficulty must be <= max_difficulty")
+        if self.family is not None and not self.sources and self.n_train == 0 and self.weight > 0:
+            raise ValueError("has no train tasks (n_train is 0 and no sources) but a weight > 0; give tasks or weight 0")
+        if self.verifiers:
+            names = [v.name for v in self.verifiers]
+            if len(set(names)) != len(names):
+                raise ValueError(f"verifiers: a name appears twice in {names}")
+            if sum(v.weight for v in self.verifiers) <= 0:
+                raise ValueError("verifiers: the weights must not all be 0")
+            if "task" not in names:
+                raise ValueError("verifiers: must include `task` (the task's own verifier decides pass/fail)")
+            from tidal.reward import known_verifiers  # lazy: the registry imports the verifiers
+
+            known = set(known_verifiers())
+            unknown = [n for n in names if n != "task" and n not in known]
+            if unknown:
+                raise ValueError(f"verifiers: unknown verifier {unknown[0]!r}; known: task, {', '.join(sorted(known))}")
+        if self.normaliser.kind == "per_reward" and not self.verifiers:
+            raise ValueError("normaliser: kind per_reward needs `verifiers` (the sub-rewards to normalise)")
         return self
 
 
@@ -75,6 +111,14 @@ class TasksConfig(Section):
     quarantine: str | None = Field(
         None, description="quarantine list written by `tidal audit --quarantine`: its tasks are never "
         "sampled for training and are reported apart in evaluation"
+    )
+    adaptive_weights: AdaptiveWeightsConfig = Field(
+        default_factory=AdaptiveWeightsConfig, description="shift domain weights toward domains still moving on held-out "
+        "(needs eval.every > 0)"
+    )
+    oversample: float = Field(
+        1.0, ge=1, le=8, description="dynamic sampling (DAPO): draw up to this many times tasks_per_step tasks, by the "
+        "running share of zero-variance groups, and train on tasks_per_step groups with signal (1 = off)"
     )
 
     @model_validator(mode="after")
@@ -204,6 +248,10 @@ class EvalConfig(Section):
     samples_per_task: int = Field(4, ge=1, le=1024, description="samples per eval task (pass rate = mean)")
     temperature: float = Field(1.0, ge=0, le=2, description="sampling temperature in evaluation")
     every: int = Field(0, ge=0, description="evaluate every N RL steps (0 = only before and after)")
+    regression_alarm: float = Field(
+        0.1, gt=0, le=1, description="a domain whose held-out pass rate falls this far below its pre-RL rate raises "
+        "an alarm (logged, in metrics.jsonl and alarms.jsonl)"
+    )
 
 
 class WatchConfig(Section):
@@ -235,6 +283,19 @@ class AuditConfig(Section):
                                   "shingles above which they are near-duplicates")
     policy_samples: int = Field(8, ge=1, le=1024, description="samples per task for the difficulty estimate (pass@k)")
     watch: WatchConfig = Field(default_factory=WatchConfig)
+
+
+class ReplayConfig(Section):
+    """Replay against forgetting: supervised sequences mixed into every update with weight
+    `algorithm.replay_weight` (pipeline/domains.py)."""
+
+    source: Literal["none", "base", "trajectories"] = Field(
+        "none", description="none | base (references of the warm start's tasks, else of the train tasks) | "
+        "trajectories (earlier high-reward samples of this run)"
+    )
+    batch_size: int = Field(16, ge=1, le=4096, description="replay sequences per update")
+    min_reward: float = Field(1.0, description="trajectories: the least reward a sample needs to be replayed")
+    buffer_size: int = Field(2048, ge=1, le=1 << 20, description="trajectories: the most recent samples kept")
 
 
 class PipelineConfig(Section):
@@ -288,4 +349,15 @@ class TidalConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _replay_has_weight(self) -> "TidalConfig":
+        if self.replay.source != "none" and self.algorithm.replay_weight <= 0:
+            raise ValueError("replay.source is set but algorithm.replay_weight is 0: give the replay loss a weight")
+        if self.algorithm.replay_weight > 0 and self.replay.source == "none":
+            raise ValueError("algorithm.replay_weight > 0 needs replay.source (base or trajectories)")
+        if self.tasks.adaptive_weights.enabled and self.eval.every <= 0:
+            raise ValueError("tasks.adaptive_weights needs eval.every > 0 (weights follow the held-out evaluations)")
+        return self

@@ -66,6 +66,8 @@ def gate_single(episode: Episode, config: GateConfig, max_new_tokens: int) -> tu
         return False, "unscored"
     if score.outcome is Outcome.INFRA_ERROR:
         return False, "infra_error"
+    if episode.reward is not None and not math.isfinite(episode.reward):
+        return False, "infra_error"  # a composed sub-reward could not be scored
     if score.outcome is Outcome.TAMPERED:
         return False, "tampered"
     if config.drop_empty and not text.strip():
@@ -78,9 +80,12 @@ def gate_single(episode: Episode, config: GateConfig, max_new_tokens: int) -> tu
 
 
 def _valid_reward(episode: Episode) -> float | None:
+    """The reward the group is compared on: the composed one when the loop set it, else the score's."""
     score = episode.score
     if score is None or score.outcome in (Outcome.INFRA_ERROR, Outcome.TAMPERED):
         return None
+    if episode.reward is not None:
+        return episode.reward if math.isfinite(episode.reward) else None
     return score.value
 
 

@@ -119,6 +119,8 @@ class ScoredBatch:
     mixer_state: dict[str, Any]  # the mixer after this batch: what a checkpoint at step + 1 saves
     watch_state: dict[str, Any] | None
     watch_metrics: dict[str, Any] = field(default_factory=dict)
+    domains_state: dict[str, Any] | None = None  # the per-domain state after this batch
+    domains_metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -197,7 +199,7 @@ class _Sampler(threading.Thread):
             return None
         timings = {"sampler_idle_s": time.perf_counter() - mark}
         with self.mixer_lock:
-            tasks = parts.mixer.sample(cfg.tasks.tasks_per_step)
+            tasks = parts.mixer.sample(parts.domains.tasks_to_draw() if parts.domains else cfg.tasks.tasks_per_step, step)
             mixer_state = copy.deepcopy(parts.mixer.state_dict())
         mark = time.perf_counter()
         episodes = sample_episodes(parts, tasks, step)
@@ -248,12 +250,18 @@ class _ScorerThread(threading.Thread):
         mixer_state = sampled.mixer_state
         with self.mixer_lock:
             mixer_state["excluded"] = sorted(self.mixer.excluded)
-        watch = parts.watch
+        watch, domains = parts.watch, parts.domains
+        domains_state = domains_metrics = None
+        if domains is not None:
+            with self.mixer_lock:
+                domains_state, domains_metrics = copy.deepcopy(domains.state_dict()), domains.metrics(step + 1)
         return ScoredBatch(
             step, sampled.episodes, drops, timings,
             mixer_state=mixer_state,
             watch_state=copy.deepcopy(watch.state_dict()) if watch is not None else None,
             watch_metrics=watch.metrics() if watch is not None else {},
+            domains_state=domains_state,
+            domains_metrics=domains_metrics or {},
         )
 
 
@@ -296,6 +304,8 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
     store.rollback(start_step)  # what the steps after the resumed checkpoint trained died with them
     store_lock = threading.Lock()
     mixer_lock = threading.Lock()
+    if parts.domains is not None:
+        parts.domains.lock = mixer_lock  # the mixer reads the curricula the scorer thread updates
     stop = threading.Event()
     sampled: queue.Queue = queue.Queue(maxsize=1)  # one generated batch waits while the previous is scored
     batches: queue.Queue = queue.Queue(maxsize=cfg.pipeline.queue_size)
@@ -326,7 +336,8 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
             mark = time.perf_counter()
             train_metrics: dict[str, float] = {}
             if kept:
-                train_metrics = parts.trainer.rl_step(collate(kept, parts.pad_id, parts.trainer.device))
+                replay = parts.domains.replay_batch(parts.pad_id) if parts.domains is not None else None
+                train_metrics = parts.trainer.rl_step(collate(kept, parts.pad_id, parts.trainer.device), replay=replay)
                 with store_lock:
                     store.mark_trained([e.id for e in kept], step)
             channel.publish(parts.trainer.model, version=step + 1)
@@ -340,11 +351,12 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
             metrics["queue_depth"] = depth
             metrics.update(staleness_metrics(kept, step))
             metrics.update(batch.watch_metrics)
+            metrics.update(batch.domains_metrics)
             parts.run.append_metrics(metrics)
             taken += 1
 
             if (step + 1) % cfg.trainer.checkpoint_every == 0 or step + 1 == cfg.trainer.steps:
-                save_rl_checkpoint(parts, step + 1, batch.mixer_state, batch.watch_state)
+                save_rl_checkpoint(parts, step + 1, batch.mixer_state, batch.watch_state, batch.domains_state)
             if on_step:
                 on_step(step + 1, metrics)
     finally:

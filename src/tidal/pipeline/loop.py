@@ -21,6 +21,7 @@ from tidal.audit.continuous import TaskWatch
 from tidal.config.schema import TidalConfig
 from tidal.gate import gate_episodes
 from tidal.models.io import render_prompt
+from tidal.pipeline.domains import DomainRuntime
 from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import EmbeddedEngine, SamplingParams
 from tidal.storage.run import RunFolder
@@ -46,6 +47,8 @@ class LoopParts:
     mixer: TaskMixer
     pad_id: int
     watch: TaskWatch | None = None  # the continuous audit: quarantines tasks from the gate's signals
+    domains: DomainRuntime | None = None  # per-domain composition, normalisation, curriculum, replay
+    auditor: Callable[[str], str] | None = None  # task id -> "broken" | "hard", for curriculum suspects
 
 
 def sample_episodes(parts: LoopParts, tasks: list[Task], step: int) -> list[Episode]:
@@ -100,13 +103,16 @@ def step_metrics(episodes: list[Episode], drops: dict[str, int]) -> dict[str, An
 def score_and_gate(
     parts: LoopParts, episodes: list[Episode], tasks_by_id: dict[str, Task], step: int, timings: dict[str, float]
 ) -> dict[str, int]:
-    """Score the episodes (time in `timings["score_s"]`), gate them, let the watch quarantine
-    tasks, and assign advantages. Returns the gate's drop counts by reason."""
+    """Score the episodes (time in `timings["score_s"]`), compose the domains' sub-rewards, gate
+    them, let the watch quarantine tasks, update the curricula, trim surplus groups (dynamic
+    sampling), normalise the rewards and assign advantages. Returns the drop counts by reason."""
     cfg = parts.config
     mark = time.perf_counter()
     scores = parts.scorer.score_many([(tasks_by_id[e.task_id], e.completion.text) for e in episodes])
     for episode, score in zip(episodes, scores):
         episode.score = score
+    if parts.domains is not None:
+        parts.domains.compose(parts.scorer, episodes, tasks_by_id)
     timings["score_s"] = time.perf_counter() - mark
 
     drops = gate_episodes(episodes, cfg.gate, cfg.rollout.max_new_tokens)
@@ -119,7 +125,13 @@ def score_and_gate(
         for episode in episodes:
             if episode.keep and episode.task_id in quarantined:
                 episode.keep, episode.drop_reason = False, "audit_quarantine"
+    if parts.domains is not None:
+        parts.domains.observe(episodes, step, parts.auditor)
+        drops["surplus"] = parts.domains.trim(episodes)
+        parts.domains.normalise(episodes)
     assign_advantages(episodes, cfg.algorithm.advantage)
+    if parts.domains is not None:
+        parts.domains.remember(episodes)
     return drops
 
 
@@ -133,7 +145,7 @@ def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None =
         timings: dict[str, float] = {}
         began = time.perf_counter()
 
-        tasks = parts.mixer.sample(cfg.tasks.tasks_per_step)
+        tasks = parts.mixer.sample(parts.domains.tasks_to_draw() if parts.domains else cfg.tasks.tasks_per_step, step)
         tasks_by_id = {task.id: task for task in tasks}
         episodes = sample_episodes(parts, tasks, step)
         timings["generate_s"] = time.perf_counter() - began
@@ -147,7 +159,8 @@ def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None =
         train_metrics: dict[str, float] = {}
         if kept:
             batch = collate(kept, parts.pad_id, parts.trainer.device)
-            train_metrics = parts.trainer.rl_step(batch)
+            replay = parts.domains.replay_batch(parts.pad_id) if parts.domains is not None else None
+            train_metrics = parts.trainer.rl_step(batch, replay=replay)
             store.mark_trained([e.id for e in kept], step)
         parts.engine.update_weights(None, version=step + 1)
         timings["train_s"] = time.perf_counter() - mark
@@ -158,6 +171,8 @@ def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None =
         metrics["trained_samples"] = len(kept)
         if parts.watch is not None:
             metrics.update(parts.watch.metrics())
+        if parts.domains is not None:
+            metrics.update(parts.domains.metrics(step + 1))
         parts.run.append_metrics(metrics)
         taken += 1
 
@@ -169,19 +184,22 @@ def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None =
 
 
 def save_rl_checkpoint(
-    parts: LoopParts, step: int, mixer_state: dict[str, Any] | None = None, watch_state: dict[str, Any] | None = None
+    parts: LoopParts, step: int, mixer_state: dict[str, Any] | None = None, watch_state: dict[str, Any] | None = None,
+    domains_state: dict[str, Any] | None = None,
 ) -> None:
-    """Checkpoint after `step` updates. The mixer's and watch's states are their current ones unless
-    given (the async loop's sampler is ahead of the trainer and passes the states as of `step`)."""
+    """Checkpoint after `step` updates. The mixer's, watch's and domains' states are their current
+    ones unless given (the async loop's sampler is ahead of the trainer and passes them as of `step`)."""
     root = parts.run.checkpoints_dir / "rl"
     if mixer_state is None:
         mixer_state = parts.mixer.state_dict()
     if watch_state is None and parts.watch is not None:
         watch_state = parts.watch.state_dict()
+    if domains_state is None and parts.domains is not None:
+        domains_state = parts.domains.state_dict()
     parts.trainer.save(
         root / f"step-{step:06d}",
         step,
-        extra={"mixer": mixer_state, "weight_version": step, "watch": watch_state},
+        extra={"mixer": mixer_state, "weight_version": step, "watch": watch_state, "domains": domains_state},
         tokenizer=parts.engine.tokenizer,
     )
     prune_checkpoints(root, parts.config.trainer.keep_checkpoints)
@@ -196,5 +214,7 @@ def resume_rl(parts: LoopParts) -> int:
     parts.mixer.load_state_dict(extra["mixer"])
     if parts.watch is not None and extra.get("watch"):
         parts.watch.load_state_dict(extra["watch"])
+    if parts.domains is not None and extra.get("domains"):
+        parts.domains.load_state_dict(extra["domains"])
     parts.engine.update_weights(None, version=int(extra.get("weight_version", step)))
     return step

@@ -9,6 +9,7 @@ records) is kept.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import time
@@ -25,10 +26,16 @@ from tidal.config.schema import TidalConfig
 from tidal.errors import CheckpointError, ConfigError
 from tidal.eval.heldout import compare, evaluate_policy, pass_rates
 from tidal.eval.report import write_report
-from tidal.models.io import count_parameters, load_model, resolve_device, save_checkpoint
+from tidal.models.io import (
+    count_parameters,
+    load_model,
+    resolve_device,
+    save_checkpoint,
+)
 from tidal.pipeline.async_loop import run_async_rl
+from tidal.pipeline.domains import DomainRuntime, make_suspect_auditor
 from tidal.pipeline.loop import LoopParts, resume_rl, run_rl
-from tidal.pipeline.warmstart import split_for_warm_start, warm_start
+from tidal.pipeline.warmstart import sft_examples, split_for_warm_start, warm_start
 from tidal.reward import known_verifiers
 from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import EmbeddedEngine
@@ -36,7 +43,6 @@ from tidal.storage.run import RunFolder, TrajectoryWriter
 from tidal.tasks import generate_tasks, load_tasks, write_tasks
 from tidal.tasks.mixer import TaskMixer
 from tidal.telemetry.progress import ProgressDisplay, rl_status
-from tidal.trainer.checkpoint import latest_checkpoint
 from tidal.trainer.trainer import Trainer
 from tidal.types import Task
 
@@ -137,7 +143,14 @@ class Job:
             weights = {name: d.weight for name, d in cfg.tasks.domains.items()}
             mixer = TaskMixer(train_by_domain, weights, cfg.run.seed)
             watch = TaskWatch(cfg.audit.watch) if cfg.audit.watch.enabled else None
-            parts = LoopParts(cfg, run, engine, trainer, scorer, mixer, tokenizer.pad_token_id, watch=watch)
+            all_train = [t for ts in train_by_domain.values() for t in ts]
+            # Replay's base data: what the warm start taught, else the train tasks' references.
+            base = sft_examples(tokenizer, warm_tasks or all_train) if cfg.replay.source == "base" else None
+            domains = DomainRuntime(cfg, mixer, base)
+            auditor = make_suspect_auditor(cfg, {t.id: t for t in all_train}) if domains.curricula else None
+            parts = LoopParts(cfg, run, engine, trainer, scorer, mixer, tokenizer.pad_token_id, watch=watch,
+                              domains=domains, auditor=auditor)
+            before_rates = {d: r["pass_rate"] for d, r in pass_rates(before).items() if r["pass_rate"] is not None}
             start = resume_rl(parts) if cfg.run.resume else 0
             progress.phase("rl", cfg.trainer.steps, start)
             rl_began = time.perf_counter()
@@ -149,7 +162,16 @@ class Job:
                     rates = pass_rates(records)
                     if watch is not None:
                         watch.set_heldout({d: r["pass_rate"] for d, r in rates.items()})
-                    run.append_metrics({"phase": "eval", "step": step, **{f"eval/{d}": r["pass_rate"] for d, r in rates.items()}})
+                    heldout = {d: r["pass_rate"] for d, r in rates.items() if r["pass_rate"] is not None}
+                    alarms, changes = domains.heldout(step, heldout, before_rates)
+                    for alarm in alarms:
+                        progress.log(f"regression alarm: {alarm['domain']} held-out {alarm['now']:.2f} "
+                                     f"(before RL {alarm['before_rl']:.2f})")
+                        run.append_jsonl("alarms.jsonl", alarm)
+                    for change in changes:
+                        run.append_jsonl("domain_weights.jsonl", dataclasses.asdict(change))
+                    run.append_metrics({"phase": "eval", "step": step, **{f"eval/{d}": r["pass_rate"] for d, r in rates.items()},
+                                        "alarms": len(alarms)})
 
             loop = run_async_rl if cfg.pipeline.mode == "async" else run_rl
             loop(parts, start, on_step)

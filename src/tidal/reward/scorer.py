@@ -53,7 +53,7 @@ class Scorer:
             memory_mb=sandbox.memory_mb,
             pool_size=sandbox.workers,
         )
-        self._cache: dict[tuple[str, str], Score] = {}
+        self._cache: dict[tuple[str, str, str], Score] = {}
         self._lock = threading.Lock()
 
     def score(self, task: Task, answer: str | bytes) -> Score:
@@ -133,13 +133,13 @@ class Scorer:
         if not self.config.cache:
             return None
         with self._lock:
-            cached = self._cache.get((task.id, _digest(answer)))
+            cached = self._cache.get(_cache_key(task, answer))
         return _copy(cached) if cached is not None else None
 
     def _remember(self, task: Task, answer: str | bytes, score: Score) -> None:
         if self.config.cache and score.outcome not in UNCACHED:
             with self._lock:
-                self._cache[(task.id, _digest(answer))] = _copy(score)
+                self._cache[_cache_key(task, answer)] = _copy(score)
 
     def clear_cache(self) -> None:
         with self._lock:
@@ -195,6 +195,12 @@ class _Group:
 def score_answer(task: Task, answer: str | bytes, config: RewardConfig | None = None) -> Score:
     """Score one answer (no cache kept between calls)."""
     return Scorer(config).score(task, answer)
+
+
+def _cache_key(task: Task, answer: str | bytes) -> tuple[str, str, str]:
+    """A score depends on the task, its verifier (a domain's sub-reward scores one task with
+    several) and the answer."""
+    return task.id, task.verifier.model_dump_json(), _digest(answer)
 
 
 def _digest(answer: str | bytes) -> str:

@@ -242,6 +242,13 @@ class RunFolder:
             handle.flush()
             os.fsync(handle.fileno())
 
+    def append_jsonl(self, name: str, row: dict[str, Any]) -> None:
+        """Append one JSON row to `name` in the run folder (alarms, weight changes) and fsync it."""
+        with (self.path / name).open("a", encoding="utf-8", newline="\n") as handle:
+            handle.write(dumps(row) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
     def read_metrics(self) -> list[dict[str, Any]]:
         """All metrics rows in order. A torn last line (a crash mid-write) is skipped with a
         warning; a malformed line before the last raises CheckpointError."""

@@ -8,14 +8,22 @@ resumed run continues with exactly the tasks the uninterrupted run would have us
 
 Tasks quarantined during the run (the continuous audit, `exclude`) are skipped from then on; the
 excluded ids are part of the state.
+
+A domain with a difficulty curriculum (`curricula[domain]`, set by the loop) admits only the tasks
+whose estimated pass rate is in the curriculum's band at this step: the walk passes over the
+others. When a whole pass over the domain admits nothing, the task closest to the band is taken,
+so a domain is never starved by its curriculum.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidal.types import Task
+
+if TYPE_CHECKING:
+    from tidal.domains.curriculum import Curriculum
 
 
 class TaskMixer:
@@ -34,6 +42,16 @@ class TaskMixer:
         self.cursor = {d: 0 for d in self.tasks}
         self._orders: dict[str, tuple[int, list[int]]] = {}
         self.excluded: set[str] = set()
+        self.curricula: dict[str, Curriculum] = {}
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """New domain weights (adaptive domain weights); the same domains, normalised here."""
+        if set(weights) != set(self.weights):
+            raise ValueError(f"weights for {sorted(weights)}, the mixer has {sorted(self.weights)}")
+        total = sum(weights.values())
+        if total <= 0:
+            raise ValueError("domain weights must not all be 0")
+        self.weights = {d: weights[d] / total for d in self.tasks}
 
     def exclude(self, task_id: str) -> None:
         """Never sample this task again (it was quarantined)."""
@@ -61,24 +79,41 @@ class TaskMixer:
             self.credit[domain] -= count
         return counts
 
-    def sample(self, n: int) -> list[Task]:
+    def sample(self, n: int, step: int = 0) -> list[Task]:
         """The next `n` tasks, grouped by domain in a stable order. Excluded tasks are passed over;
-        a domain whose every task is excluded contributes none."""
+        a domain whose every task is excluded contributes none. `step` places a curriculum's band."""
         chosen: list[Task] = []
         for domain, count in self.allocate(n).items():
-            tasks = self.tasks[domain]
             for _ in range(count):
-                for _ in range(len(tasks)):
-                    order = self._order(domain)
-                    task = tasks[order[self.cursor[domain]]]
-                    self.cursor[domain] += 1
-                    if self.cursor[domain] >= len(tasks):
-                        self.cursor[domain] = 0
-                        self.epoch[domain] += 1
-                    if task.id not in self.excluded:
-                        chosen.append(task)
-                        break
+                task = self._next(domain, step)
+                if task is not None:
+                    chosen.append(task)
         return chosen
+
+    def _advance(self, domain: str) -> Task:
+        tasks = self.tasks[domain]
+        task = tasks[self._order(domain)[self.cursor[domain]]]
+        self.cursor[domain] += 1
+        if self.cursor[domain] >= len(tasks):
+            self.cursor[domain] = 0
+            self.epoch[domain] += 1
+        return task
+
+    def _next(self, domain: str, step: int) -> Task | None:
+        """The next admitted task of `domain`: not excluded and, under a curriculum, in its band;
+        after a full pass without one, the closest to the band seen (None if none is eligible)."""
+        curriculum = self.curricula.get(domain)
+        best: tuple[float, Task] | None = None
+        for _ in range(len(self.tasks[domain])):
+            task = self._advance(domain)
+            if task.id in self.excluded:
+                continue
+            if curriculum is None or curriculum.admits(task.id, step):
+                return task
+            distance = curriculum.distance_to_band(task.id, step)
+            if distance != float("inf") and (best is None or distance < best[0]):
+                best = (distance, task)
+        return None if best is None else best[1]
 
     def state_dict(self) -> dict[str, Any]:
         return {"credit": dict(self.credit), "epoch": dict(self.epoch), "cursor": dict(self.cursor),

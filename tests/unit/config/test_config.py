@@ -76,3 +76,51 @@ def test_resolved_config_round_trips(tmp_path: Path) -> None:
     cfg = load_config(CONFIGS[0])
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == cfg
+
+
+def _problems(tmp_path: Path, tasks: dict, **sections: dict) -> list[str]:
+    path = tmp_path / "domains.yaml"
+    path.write_text(yaml.safe_dump({"tasks": tasks, **sections}))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    return caught.value.problems
+
+
+def test_domain_errors_are_reported_at_load(tmp_path: Path) -> None:
+    # A domain with no tasks to train on.
+    problems = _problems(tmp_path, {"domains": {"code": {"family": "code", "n_train": 0}}})
+    assert any(p.startswith("tasks.domains.code:") and "no train tasks" in p for p in problems)
+    # Weights that sum to 0.
+    problems = _problems(tmp_path, {"domains": {"code": {"family": "code", "weight": 0}}})
+    assert any(p.startswith("tasks:") and "weights must not all be 0" in p for p in problems)
+    # A verifier name unknown to a domain, and one domain's sub-rewards without the task's own.
+    problems = _problems(tmp_path, {"domains": {
+        "code": {"family": "code", "verifiers": [{"name": "task"}, {"name": "stlye", "weight": 0.1}]},
+        "math": {"family": "math", "verifiers": [{"name": "static"}]},
+    }})
+    assert any(p.startswith("tasks.domains.code:") and "unknown verifier 'stlye'" in p and "static" in p for p in problems)
+    assert any(p.startswith("tasks.domains.math:") and "must include `task`" in p for p in problems)
+    # A normaliser or curriculum that cannot work.
+    problems = _problems(tmp_path, {"domains": {"code": {"family": "code", "normaliser": {"kind": "per_reward"}}}})
+    assert any("per_reward needs `verifiers`" in p for p in problems)
+    problems = _problems(tmp_path, {"domains": {"code": {"family": "code", "curriculum": {"band_start": [0.9, 0.1]}}}})
+    assert any(p.startswith("tasks.domains.code.curriculum") for p in problems)
+    # Replay needs its loss weight.
+    problems = _problems(tmp_path, {"domains": {"code": {"family": "code"}}}, replay={"source": "base"})
+    assert any("replay_weight" in p for p in problems)
+
+
+def test_domain_features_load_from_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "joint.yaml"
+    path.write_text(yaml.safe_dump({
+        "tasks": {"oversample": 2.0, "domains": {
+            "code": {"family": "code", "weight": 2, "priority": 3, "normaliser": {"kind": "per_reward"},
+                     "verifiers": [{"name": "task", "weight": 0.8}, {"name": "static", "weight": 0.2}],
+                     "curriculum": {"band_start": [0.2, 0.9]}},
+            "math": {"family": "math", "normaliser": {"kind": "rank", "window": 64}}}},
+        "algorithm": {"replay_weight": 0.1}, "replay": {"source": "trajectories"},
+    }))
+    cfg = load_config(path)
+    code = cfg.tasks.domains["code"]
+    assert [v.name for v in code.verifiers] == ["task", "static"] and code.curriculum is not None
+    assert cfg.tasks.domains["math"].normaliser.window == 64 and cfg.tasks.domains["math"].curriculum is None

@@ -83,11 +83,11 @@ def _force_rollout_ahead(monkeypatch: pytest.MonkeyPatch, bound: int) -> list[tu
             return any(s >= target for s, _ in started)
         return target + 1 in refused or any(s > target for s, _ in started)
 
-    def rl_step(self: Trainer, batch: Any) -> dict[str, float]:
+    def rl_step(self: Trainer, batch: Any, replay: Any = None) -> dict[str, float]:
         target = min(self.updates + bound, STEPS - 1)
         with changed:
             assert changed.wait_for(lambda: went_far_enough(target), timeout=120)
-        return original_step(self, batch)
+        return original_step(self, batch, replay)
 
     monkeypatch.setattr(async_loop, "sample_episodes", sample)
     monkeypatch.setattr(async_loop.WeightChannel, "wait", wait)
@@ -142,11 +142,11 @@ def test_resume_after_a_crash_trains_every_id_exactly_once(tmp_path: Path, monke
     original = Trainer.rl_step
     calls = {"n": 0}
 
-    def crash_on_third(self: Trainer, batch: Any) -> dict[str, float]:
+    def crash_on_third(self: Trainer, batch: Any, replay: Any = None) -> dict[str, float]:
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("simulated trainer crash")
-        return original(self, batch)
+        return original(self, batch, replay)
 
     monkeypatch.setattr(Trainer, "rl_step", crash_on_third)
     overrides = ["pipeline.mode=async", "algorithm.max_staleness=1"]
