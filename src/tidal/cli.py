@@ -92,13 +92,15 @@ def tasks_generate(
 
 
 @tasks_app.command("validate")
-def tasks_validate(paths: list[Path] = typer.Argument(..., help="task files or folders")) -> None:
-    """Check task files: every problem with its file, line, task id and field."""
+def tasks_validate(paths: list[Path] = typer.Argument(
+        ..., help="task files (.jsonl/.yaml), terminal-task folders, or folders holding either")) -> None:
+    """Check task files and terminal-task folders: every problem with its file and line (or folder
+    and file), task id and field."""
     try:
         from tidal.reward import known_verifiers
-        from tidal.tasks import load_tasks
+        from tidal.tasks.terminal import load_eval_tasks
 
-        tasks = load_tasks(list(paths), known_verifiers=known_verifiers())
+        tasks = load_eval_tasks(list(paths), known_verifiers=known_verifiers())
     except TidalError as error:
         _fail(error)
     by_domain: dict[str, int] = {}
