@@ -161,6 +161,7 @@ class Episode:
     # The reward to train on when it differs from score.value (e.g. normalised by the loop);
     # None = score.value. See tidal.algos.advantages.episode_reward.
     reward: float | None = None
+    difficulty: float | None = None  # the task's difficulty level when it has one (metrics only)
 
     def to_record(self) -> dict[str, Any]:
         """A JSON-serialisable record for the trajectory store."""

@@ -45,7 +45,7 @@ from tidal.types import Episode, Outcome, Task, VerifierSpec
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-ZERO_VARIANCE_MOMENTUM = 0.7  # weight of the running zero-variance rate's past in each update
+ZERO_VARIANCE_MOMENTUM = 0.7  # weight of the running no-signal rate's past in each update
 SUB_REWARD_PREFIX = "reward/"  # score.components keys of the composed sub-rewards
 
 Example = tuple[list[int], list[int]]  # (prompt ids, answer ids): one supervised sequence
@@ -179,7 +179,8 @@ class DomainRuntime:
         groups: dict[str, list[Episode]] = defaultdict(list)
         for episode in episodes:
             groups[episode.group_id].append(episode)
-        zero = sum(all(e.drop_reason == "zero_variance" for e in members) for members in groups.values())
+        # Groups the gate left nothing to train on (zero variance, or every sample dropped).
+        zero = sum(not any(e.keep for e in members) for members in groups.values())
         if groups:
             rate = zero / len(groups)
             self.zero_variance_rate = ZERO_VARIANCE_MOMENTUM * self.zero_variance_rate + (1 - ZERO_VARIANCE_MOMENTUM) * rate

@@ -77,13 +77,41 @@ def sample_episodes(parts: LoopParts, tasks: list[Task], step: int) -> list[Epis
                         domain=task.domain,
                         group_id=group_id,
                         completion=completion,
+                        difficulty=_difficulty(task),
                     )
                 )
     return episodes
 
 
+def _difficulty(task: Task) -> float | None:
+    value = task.metadata.get("difficulty")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def distribution_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Completion length and task difficulty of the sampled vs the trained (kept) samples, so a
+    bias of the gate or of admission toward short or easy tasks shows (issue 4)."""
+    out: dict[str, float] = {}
+    for name, members in (("sampled", episodes), ("trained", [e for e in episodes if e.keep])):
+        if not members:
+            continue
+        lengths = [float(len(e.completion.token_ids)) for e in members]
+        out[f"{name}/length_mean"] = sum(lengths) / len(lengths)
+        out[f"{name}/length_p90"] = _quantile(lengths, 0.9)
+        levels = [e.difficulty for e in members if e.difficulty is not None]
+        if levels:
+            out[f"{name}/difficulty_mean"] = sum(levels) / len(levels)
+    return out
+
+
 def step_metrics(episodes: list[Episode], drops: dict[str, int]) -> dict[str, Any]:
-    """Reward per domain, pass rate, kept fraction, lengths, drop reasons."""
+    """Reward per domain, pass rate, kept fraction, lengths, drop reasons, and the length and
+    difficulty distributions of sampled vs trained samples."""
     by_domain: dict[str, list[float]] = defaultdict(list)
     for episode in episodes:
         if episode.score is not None and episode.score.outcome is not Outcome.INFRA_ERROR:
@@ -97,6 +125,7 @@ def step_metrics(episodes: list[Episode], drops: dict[str, int]) -> dict[str, An
     metrics["mean_completion_length"] = metrics["completion_tokens"] / len(episodes)
     for reason, count in drops.items():
         metrics[f"drop/{reason}"] = count
+    metrics.update(distribution_metrics(episodes))
     return metrics
 
 

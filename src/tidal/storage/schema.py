@@ -18,6 +18,7 @@ reader upgrades older versions through `UPGRADES` (none yet) and refuses newer o
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -122,7 +123,7 @@ def episode_row(
         "weight_version": completion.weight_version,
         "reward": None if score is None else float(score.value),
         "outcome": None if score is None else score.outcome.value,
-        "reward_components": {} if score is None else {k: float(v) for k, v in score.components.items()},
+        "reward_components": _components(episode),
         "score_detail": "" if score is None else score.detail,
         "score_info": "{}" if score is None else dumps(score.info),
         "keep": bool(episode.keep),
@@ -130,6 +131,17 @@ def episode_row(
         "advantage": float(episode.advantage),
         "timings": {**(timings or {}), **{k: float(v) for k, v in episode.timings.items()}},
     }
+
+
+def _components(episode: Episode) -> dict[str, float]:
+    """The score's components, plus `train_reward` when the loop trained on another reward than
+    the score's value (a composed or normalised one)."""
+    if episode.score is None:
+        return {}
+    components = {k: float(v) for k, v in episode.score.components.items()}
+    if episode.reward is not None and math.isfinite(episode.reward):
+        components["train_reward"] = float(episode.reward)
+    return components
 
 
 def record_from_row(row: dict[str, Any]) -> dict[str, Any]:

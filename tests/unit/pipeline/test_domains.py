@@ -213,3 +213,18 @@ def test_state_survives_a_json_round_trip_and_rejects_another_config() -> None:
     other = _runtime(_config(general={"normaliser": {"kind": "running"}}), tasks)
     with pytest.raises(CheckpointError):
         other.load_state_dict(first.state_dict())
+
+
+def test_sampled_vs_trained_distributions() -> None:
+    from tidal.pipeline.loop import distribution_metrics
+
+    task = _task("general", 0)
+    episodes = [_episode(task, "g", k, "x") for k in range(4)]
+    for k, episode in enumerate(episodes):
+        episode.completion.token_ids = [1] * (k + 1)  # lengths 1, 2, 3, 4
+        episode.difficulty = float(k % 2 + 1)  # 1, 2, 1, 2
+    episodes[3].keep = episodes[1].keep = False  # the long, hard ones are dropped
+    metrics = distribution_metrics(episodes)
+    assert metrics["sampled/length_mean"] == 2.5 and metrics["trained/length_mean"] == 2.0
+    assert metrics["sampled/difficulty_mean"] == 1.5 and metrics["trained/difficulty_mean"] == 1.0
+    assert metrics["sampled/length_p90"] == 4 and metrics["trained/length_p90"] == 3
