@@ -25,8 +25,6 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from tidal.algos.advantages import has_valid_reward
 from tidal.config.schema import TidalConfig
 from tidal.domains import (
@@ -37,6 +35,7 @@ from tidal.domains import (
     oversample_factor,
 )
 from tidal.errors import CheckpointError
+from tidal.pipeline.warmstart import pad_batch
 from tidal.reward.scorer import Scorer
 from tidal.tasks.mixer import TaskMixer
 from tidal.trainer.trainer import ReplayBatch
@@ -53,15 +52,7 @@ Example = tuple[list[int], list[int]]  # (prompt ids, answer ids): one supervise
 
 def pad_examples(examples: list[Example], pad_id: int) -> ReplayBatch:
     """Right-padded supervised sequences; the loss covers the answer tokens only."""
-    length = max(len(p) + len(a) for p, a in examples)
-    input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)  # (R, T)
-    attention_mask = torch.zeros(len(examples), length, dtype=torch.long)  # (R, T)
-    loss_mask = torch.zeros(len(examples), length)  # (R, T)
-    for row, (prompt, answer) in enumerate(examples):
-        sequence = prompt + answer
-        input_ids[row, : len(sequence)] = torch.tensor(sequence)
-        attention_mask[row, : len(sequence)] = 1
-        loss_mask[row, len(prompt) : len(sequence)] = 1.0
+    input_ids, attention_mask, loss_mask = pad_batch(examples, pad_id, prompt_weight=0.0)
     return ReplayBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask)
 
 
