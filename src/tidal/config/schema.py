@@ -300,10 +300,47 @@ class ReplayConfig(Section):
 
 class PipelineConfig(Section):
     """How the RL loop runs (docs/design/loop.md): `sync` samples, scores and trains in turn;
-    `async` samples and scores in a background thread while the trainer trains."""
+    `async` generates and scores in the background while the trainer trains, with the rollout and
+    scoring work on a backend: `local` (threads of this process) or `ray` (Ray actors)."""
 
     mode: Literal["sync", "async"] = Field("sync", description="sync | async (rollout overlaps training)")
     queue_size: int = Field(2, ge=1, le=1024, description="async mode: scored batches waiting for the trainer, at most")
+    backend: Literal["local", "ray"] = Field(
+        "local", description="async mode: where rollout and scoring run: local (threads) | ray (Ray actors)"
+    )
+    ray_address: str | None = Field(
+        None,
+        description="ray backend: the cluster to join (host:port, 'auto', ray://host:port); null = start a Ray "
+        "in this process",
+    )
+    scorer_workers: int = Field(
+        1, ge=1, le=256, description="async mode: scorers sharing each batch (each with sandbox.workers sandboxes)"
+    )
+    worker_restarts: int = Field(
+        3, ge=0, le=1000,
+        description="ray backend: restarts of a dead rollout or scorer actor (its call in flight is retried); "
+        "one more death fails the run",
+    )
+    worker_timeout_s: float = Field(
+        1800.0, gt=0, le=86400, description="ray backend: one call to a worker (a batch's generation or scoring), at most"
+    )
+    weight_timeout_s: float = Field(
+        600.0, gt=0, le=86400,
+        description="async mode: how long the rollout side waits for the weight version it needs before it fails "
+        "(a dead or stuck trainer) instead of hanging",
+    )
+    canary_tolerance: float = Field(
+        1e-3, ge=0, le=10,
+        description="async mode: largest difference between the trainer's and the rollout worker's canary "
+        "logprobs under published weights before the worker refuses them",
+    )
+
+    @field_validator("ray_address")
+    @classmethod
+    def _address_given(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("give host:port, 'auto' or ray://host:port, or null to start a Ray in this process")
+        return value
 
 
 class RunConfig(Section):

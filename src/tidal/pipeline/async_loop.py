@@ -13,10 +13,14 @@ its engine holds version `b - max_staleness` or newer. It waits rather than disc
 sample is thrown away for being slow (which would bias training toward short, easy tasks). With
 `max_staleness: 0` the loop is on-policy and trains on exactly what the synchronous loop trains on.
 
-The sampler samples from its own copy of the policy (the trainer's model is the one the caller's
-engine shares): the trainer publishes a snapshot of its weights after each update to a
-`WeightChannel`, and the sampler applies the newest one *between* batches, on its own thread, so
-it never generates while the weights change and the trainer never waits for it.
+The generation and scoring work runs on a backend (`pipeline.backend`, `pipeline/backends/`):
+`local` does it on the sampler and scorer threads, `ray` in Ray actors that these threads call.
+Either way the threads, the mixer, the watch, the store and the checkpoints stay here, so
+exactly-once and resume do not depend on the backend. The rollout worker samples from its own
+copy of the policy: after each update the trainer publishes its weights (versioned, checksummed,
+with canary logprobs: `pipeline/weights.py`) to a `WeightChannel`; the sampler hands the newest
+publication to the worker with the next batch, and the worker loads and verifies it *between*
+batches, so it never generates while the weights change and the trainer never waits for it.
 
 Off-policy correction: the loss's old logprobs are the sampler's (the behaviour policy's), so
 PPO-clip's ratio pi_theta / pi_behaviour is the importance weight and its clip truncates it
@@ -41,17 +45,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from tidal.pipeline.backends import RolloutWorker, Workers, get_backend
 from tidal.pipeline.loop import (
     LoopParts,
     StepCallback,
-    sample_episodes,
     save_rl_checkpoint,
     score_and_gate,
     step_metrics,
 )
-from tidal.rollout.engine import EmbeddedEngine
+from tidal.pipeline.weights import Publication, WeightChannel, canary_ids, publish
 from tidal.storage.store import TrajectoryStore, open_run_store
 from tidal.trainer.logprobs import collate
 from tidal.types import Episode, Task
@@ -61,40 +63,6 @@ POLL_S = 0.2  # how often a waiting thread looks at the stop flag
 
 class StalenessError(RuntimeError):
     """A sample older than `algorithm.max_staleness` reached the trainer (a bug in admission control)."""
-
-
-class WeightChannel:
-    """The newest published weights, handed from the trainer thread to the sampler thread.
-
-    `publish` (trainer) replaces the pending snapshot and returns at once; `apply` (sampler thread,
-    between batches) loads the newest pending snapshot into its engine. Versions skipped in between
-    are never loaded, which is fine: only the newest matters.
-    """
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
-
-    def publish(self, model: torch.nn.Module, version: int) -> None:
-        """Snapshot `model`'s weights as `version` (a copy: the trainer keeps updating its own)."""
-        state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-        with self._changed:
-            self._pending = (state, version)
-            self._changed.notify_all()
-
-    def apply(self, engine: EmbeddedEngine) -> None:
-        """Load the newest pending weights into `engine`, if any. Call only from the thread that
-        generates with `engine`, between generations."""
-        with self._changed:
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            engine.update_weights(pending[0], version=pending[1])
-
-    def wait(self, timeout: float) -> None:
-        """Block until something is published or `timeout` seconds pass."""
-        with self._changed:
-            if self._pending is None:
-                self._changed.wait(timeout)
 
 
 @dataclass
@@ -158,12 +126,11 @@ class _Sampler(threading.Thread):
     """Generates `SampledBatch`es for steps [start, end) in order, within the staleness bound."""
 
     def __init__(
-        self, parts: LoopParts, engine: EmbeddedEngine, channel: WeightChannel, mixer_lock: threading.Lock,
+        self, parts: LoopParts, rollout: RolloutWorker, channel: WeightChannel, mixer_lock: threading.Lock,
         out: queue.Queue, stop: threading.Event, start: int, end: int,
     ) -> None:
         super().__init__(name="tidal-sampler", daemon=True)
-        # The loop's parts with the rollout engine in place of the trainer-shared one.
-        self.parts = dataclasses.replace(parts, engine=engine)
+        self.parts, self.rollout = parts, rollout
         self.channel, self.mixer_lock, self.out, self.stop = channel, mixer_lock, out, stop
         self.first, self.end = start, end
 
@@ -181,30 +148,26 @@ class _Sampler(threading.Thread):
         except BaseException as error:  # noqa: BLE001 - passed on through the scorer to the trainer
             _put(self.out, _Failure(error), self.stop)
 
-    def _admit(self, step: int) -> bool:
-        """Wait until the engine's weights are recent enough to generate batch `step`."""
-        bound = self.parts.config.algorithm.max_staleness
-        engine = self.parts.engine
-        while not self.stop.is_set():
-            self.channel.apply(engine)
-            if step - engine.weight_version <= bound:
-                return True
-            self.channel.wait(POLL_S)
-        return False
-
     def _sample(self, step: int) -> SampledBatch | None:
         parts, cfg = self.parts, self.parts.config
         mark = time.perf_counter()
-        if not self._admit(step):
+        # Admission: wait until weights recent enough for batch `step` are published.
+        need = step - cfg.algorithm.max_staleness
+        publication = self.channel.wait_for(need, cfg.pipeline.weight_timeout_s, self.stop, POLL_S)
+        if publication is None:
             return None
         timings = {"sampler_idle_s": time.perf_counter() - mark}
         with self.mixer_lock:
             tasks = parts.mixer.sample(parts.domains.tasks_to_draw() if parts.domains else cfg.tasks.tasks_per_step, step)
             mixer_state = copy.deepcopy(parts.mixer.state_dict())
         mark = time.perf_counter()
-        episodes = sample_episodes(parts, tasks, step)
+        episodes = self._generate(tasks, step, publication)
         timings["generate_s"] = time.perf_counter() - mark
         return SampledBatch(step, {task.id: task for task in tasks}, episodes, timings, mixer_state)
+
+    def _generate(self, tasks: list[Task], step: int, publication: Publication) -> list[Episode]:
+        """Batch `step`, generated by the rollout worker with `publication`'s weights."""
+        return self.rollout.sample(tasks, step, publication)
 
 
 class _ScorerThread(threading.Thread):
@@ -215,6 +178,7 @@ class _ScorerThread(threading.Thread):
         sampled: queue.Queue, out: queue.Queue, stop: threading.Event,
     ) -> None:
         super().__init__(name="tidal-scorer", daemon=True)
+        # `parts.scorer` is the backend's scoring worker (duck-typed: only `score_many` is used).
         self.parts = dataclasses.replace(parts, mixer=_LockedMixer(parts.mixer, mixer_lock))
         self.mixer, self.mixer_lock = parts.mixer, mixer_lock
         self.store, self.store_lock, self.sampled, self.out, self.stop = store, store_lock, sampled, out, stop
@@ -265,14 +229,6 @@ class _ScorerThread(threading.Thread):
         )
 
 
-def rollout_engine(parts: LoopParts) -> EmbeddedEngine:
-    """A second engine on a frozen copy of the trainer's model, at the trainer's weight version."""
-    model = copy.deepcopy(parts.engine.model).eval().requires_grad_(False)
-    engine = EmbeddedEngine(model, parts.engine.tokenizer, parts.engine.device, parts.engine.max_batch_rows)
-    engine.weight_version = parts.engine.weight_version
-    return engine
-
-
 def staleness_metrics(kept: list[Episode], step: int) -> dict[str, float]:
     """`staleness/<k>`: trained samples made `k` updates before this one; `staleness_max`."""
     counts = Counter(step - e.completion.weight_version for e in kept)
@@ -295,23 +251,28 @@ def _next_batch(batches: queue.Queue, scorer: threading.Thread, step: int) -> Sc
 
 
 def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None = None) -> int:
-    """Train from `start_step` to `trainer.steps`, sampling and scoring in two background threads.
-    Returns the number of steps taken now. Same run-folder artefacts as `run_rl`, plus the async
-    metrics."""
+    """Train from `start_step` to `trainer.steps`, sampling and scoring in two background threads
+    on `pipeline.backend`'s workers. Returns the number of steps taken now. Same run-folder
+    artefacts as `run_rl`, plus the async metrics."""
     cfg = parts.config
     bound = cfg.algorithm.max_staleness
     store = open_run_store(parts.run, cfg.run.trajectory_store)  # an unwritable URL fails here, at once
+    backend = get_backend(cfg.pipeline.backend)
     store.rollback(start_step)  # what the steps after the resumed checkpoint trained died with them
     store_lock = threading.Lock()
     mixer_lock = threading.Lock()
     if parts.domains is not None:
         parts.domains.lock = mixer_lock  # the mixer reads the curricula the scorer thread updates
+    canary = canary_ids(parts.engine.tokenizer)
+    channel = WeightChannel()
+    channel.publish(publish(parts.trainer.model, parts.engine.weight_version, canary))
+    workers: Workers = backend.start(parts)
     stop = threading.Event()
     sampled: queue.Queue = queue.Queue(maxsize=1)  # one generated batch waits while the previous is scored
     batches: queue.Queue = queue.Queue(maxsize=cfg.pipeline.queue_size)
-    channel = WeightChannel()
-    sampler = _Sampler(parts, rollout_engine(parts), channel, mixer_lock, sampled, stop, start_step, cfg.trainer.steps)
-    scorer = _ScorerThread(parts, mixer_lock, store, store_lock, sampled, batches, stop)
+    sampler = _Sampler(parts, workers.rollout, channel, mixer_lock, sampled, stop, start_step, cfg.trainer.steps)
+    scorer = _ScorerThread(dataclasses.replace(parts, scorer=workers.scorer), mixer_lock, store, store_lock,
+                           sampled, batches, stop)
     sampler.start()
     scorer.start()
     taken = 0
@@ -340,9 +301,11 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
                 train_metrics = parts.trainer.rl_step(collate(kept, parts.pad_id, parts.trainer.device), replay=replay)
                 with store_lock:
                     store.mark_trained([e.id for e in kept], step)
-            channel.publish(parts.trainer.model, version=step + 1)
-            parts.engine.update_weights(None, version=step + 1)  # the trainer-shared engine (evaluation)
             timings["train_s"] = time.perf_counter() - mark
+            mark = time.perf_counter()
+            channel.publish(publish(parts.trainer.model, step + 1, canary))
+            parts.engine.update_weights(None, version=step + 1)  # the trainer-shared engine (evaluation)
+            timings["publish_s"] = time.perf_counter() - mark
             timings["step_s"] = time.perf_counter() - began
 
             metrics = {"step": step + 1, "phase": "rl", **step_metrics(batch.episodes, batch.drops), **train_metrics, **timings}
@@ -350,6 +313,7 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
             metrics["trained_samples"] = len(kept)
             metrics["queue_depth"] = depth
             metrics.update(staleness_metrics(kept, step))
+            metrics.update({f"restarts/{kind}": n for kind, n in workers.restarts().items()})
             metrics.update(batch.watch_metrics)
             metrics.update(batch.domains_metrics)
             parts.run.append_metrics(metrics)
@@ -363,4 +327,5 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
         stop.set()
         sampler.join()
         scorer.join()
+        workers.close()
     return taken

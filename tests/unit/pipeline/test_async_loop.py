@@ -4,6 +4,7 @@ resume after a crash. Checked from the run folder and its trajectory store, neve
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from tidal.pipeline import async_loop
 from tidal.pipeline import quickstart as qs
+from tidal.pipeline.weights import WeightTimeoutError
 from tidal.storage.run import RunFolder
 from tidal.storage.store import TrajectoryStore, existing_run_store
 from tidal.trainer.trainer import Trainer
@@ -64,13 +66,13 @@ def _force_rollout_ahead(monkeypatch: pytest.MonkeyPatch, bound: int) -> list[tu
     started: list[tuple[int, int]] = []
     refused: list[int] = []
     changed = threading.Condition()
-    original_sample, original_step, original_wait = async_loop.sample_episodes, Trainer.rl_step, async_loop.WeightChannel.wait
+    original_generate, original_step, original_wait = async_loop._Sampler._generate, Trainer.rl_step, async_loop.WeightChannel.wait
 
-    def sample(parts: Any, tasks: Any, step: int) -> Any:
+    def generate(self: Any, tasks: Any, step: int, publication: Any) -> Any:
         with changed:
-            started.append((step, parts.engine.weight_version))
+            started.append((step, publication.version))
             changed.notify_all()
-        return original_sample(parts, tasks, step)
+        return original_generate(self, tasks, step, publication)
 
     def wait(self: async_loop.WeightChannel, timeout: float) -> None:
         with changed:  # the rollout thread waits for weights only when admission refused its next batch
@@ -89,7 +91,7 @@ def _force_rollout_ahead(monkeypatch: pytest.MonkeyPatch, bound: int) -> list[tu
             assert changed.wait_for(lambda: went_far_enough(target), timeout=120)
         return original_step(self, batch, replay)
 
-    monkeypatch.setattr(async_loop, "sample_episodes", sample)
+    monkeypatch.setattr(async_loop._Sampler, "_generate", generate)
     monkeypatch.setattr(async_loop.WeightChannel, "wait", wait)
     monkeypatch.setattr(Trainer, "rl_step", rl_step)
     return started
@@ -176,13 +178,13 @@ def test_the_next_batch_is_generated_while_this_one_is_scored(tmp_path: Path, mo
     started: set[int] = set()
     overlapped: list[tuple[int, bool]] = []
     changed = threading.Condition()
-    original_sample, original_score = async_loop.sample_episodes, async_loop.score_and_gate
+    original_generate, original_score = async_loop._Sampler._generate, async_loop.score_and_gate
 
-    def sample(parts: Any, tasks: Any, step: int) -> Any:
+    def generate(self: Any, tasks: Any, step: int, publication: Any) -> Any:
         with changed:
             started.add(step)
             changed.notify_all()
-        return original_sample(parts, tasks, step)
+        return original_generate(self, tasks, step, publication)
 
     def score(parts: Any, episodes: Any, tasks_by_id: Any, step: int, timings: Any) -> Any:
         if step + 1 < STEPS:
@@ -190,10 +192,26 @@ def test_the_next_batch_is_generated_while_this_one_is_scored(tmp_path: Path, mo
                 overlapped.append((step, changed.wait_for(lambda: step + 1 in started, timeout=30)))
         return original_score(parts, episodes, tasks_by_id, step, timings)
 
-    monkeypatch.setattr(async_loop, "sample_episodes", sample)
+    monkeypatch.setattr(async_loop._Sampler, "_generate", generate)
     monkeypatch.setattr(async_loop, "score_and_gate", score)
     run = _run(tmp_path, "overlap", "pipeline.mode=async", "algorithm.max_staleness=1")
     assert overlapped == [(step, True) for step in range(STEPS - 1)]
     _assert_exactly_once(_store(run), bound=1)
     rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
     assert all(m["scorer_idle_s"] >= 0 and m["sampler_idle_s"] >= 0 for m in rows)
+
+
+def test_a_trainer_that_stops_publishing_times_the_sampler_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On-policy, batch 1 needs weight version 1; the trainer takes longer than
+    `pipeline.weight_timeout_s` to publish it, so the run fails with WeightTimeoutError, not a hang."""
+    original = Trainer.rl_step
+
+    def slow(self: Trainer, batch: Any, replay: Any = None) -> dict[str, float]:
+        time.sleep(4.0)
+        return original(self, batch, replay)
+
+    monkeypatch.setattr(Trainer, "rl_step", slow)
+    with pytest.raises(WeightTimeoutError, match=r"waited 1 s for weight version 1 or newer; version 0 was published"):
+        _run(tmp_path, "timeout", "pipeline.mode=async", "algorithm.max_staleness=0", "pipeline.weight_timeout_s=1")
+    steps = [m["step"] for m in RunFolder.open(tmp_path / "timeout").read_metrics() if m.get("phase") == "rl"]
+    assert steps == [1]  # the update that was running finished; none came after it

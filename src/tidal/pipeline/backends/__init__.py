@@ -1,0 +1,90 @@
+"""Where the asynchronous loop's rollout and scoring stages run: `local` (this process) or `ray`
+(Ray actors, on a local Ray or a cluster).
+
+The loop's own threads (sampler, scorer, trainer) stay in the calling process either way: they
+hold the mixer, the watch, the domains' state, the store and the checkpoints, so exactly-once and
+resume work the same on every backend. A backend supplies only the two kinds of work that can
+run elsewhere, behind two one-method protocols:
+
+- a `RolloutWorker` generates a batch with the weights of a given `Publication`, loading and
+  verifying them first when it holds another version;
+- a `ScoringWorker` scores (task, answer) pairs, like `Scorer.score_many`.
+
+`get_backend(name)` returns the backend; an unknown name raises `UnknownNameError` with the known
+ones. The Ray backend is imported only when asked for, so Ray stays optional.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from tidal.errors import TidalError, UnknownNameError
+from tidal.pipeline.weights import Publication
+from tidal.types import Episode, Score, Task
+
+if TYPE_CHECKING:
+    from tidal.pipeline.loop import LoopParts
+
+
+class BackendUnavailableError(TidalError):
+    """A backend that cannot run here (e.g. Ray not installed, or its cluster unreachable)."""
+
+
+class WorkerLostError(TidalError):
+    """A worker died more often than `pipeline.worker_restarts` allows, or a call to it timed out."""
+
+
+class RolloutWorker(Protocol):
+    def sample(self, tasks: list[Task], step: int, publication: Publication) -> list[Episode]:
+        """Batch `step`'s episodes for `tasks` (as `loop.sample_episodes` makes them), generated
+        with `publication`'s weights, loaded and verified first if the worker holds another version."""
+        ...
+
+
+class ScoringWorker(Protocol):
+    def score_many(self, items: list[tuple[Task, str | bytes]]) -> list[Score]:
+        """The scores of `items`, in their order (as `Scorer.score_many`)."""
+        ...
+
+
+@dataclass
+class Workers:
+    """What a backend started for one run. `restarts()` counts worker restarts so far (by kind);
+    `close()` stops what `start` started."""
+
+    rollout: RolloutWorker
+    scorer: ScoringWorker
+    close: Callable[[], None] = lambda: None
+    restarts: Callable[[], dict[str, int]] = field(default=dict)
+
+
+class Backend(Protocol):
+    def start(self, parts: LoopParts) -> Workers:
+        """Start the rollout and scoring workers for the run `parts` describes."""
+        ...
+
+
+# name -> module defining `BACKEND`; imported on first use (`ray` imports Ray).
+BACKENDS = {"local": "tidal.pipeline.backends.local", "ray": "tidal.pipeline.backends.ray"}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called `name` (`pipeline.backend`)."""
+    if name not in BACKENDS:
+        raise UnknownNameError("pipeline backend", name, list(BACKENDS))
+    return importlib.import_module(BACKENDS[name]).BACKEND
+
+
+def split_by_task(items: list[tuple[Task, str | bytes]], parts: int) -> list[list[int]]:
+    """Item indices in up to `parts` shares of about equal size, all answers to one task in one
+    share (a batch verifier scores them together). Shares keep the items' order."""
+    by_task: dict[str, list[int]] = {}
+    for index, (task, _) in enumerate(items):
+        by_task.setdefault(task.id, []).append(index)
+    shares: list[list[int]] = [[] for _ in range(max(1, min(parts, len(by_task))))]
+    for indices in sorted(by_task.values(), key=len, reverse=True):  # largest first, to the lightest share
+        min(shares, key=len).extend(indices)
+    return [sorted(share) for share in shares if share]

@@ -1,0 +1,78 @@
+"""The local backend: the rollout and scoring work runs in the calling process, on the async
+loop's sampler and scorer threads.
+
+The rollout worker samples from its own copy of the policy (a second copy of the model in
+memory), which it replaces by each publication it is handed, verified (`weights.load_verified`).
+Scoring uses the run's `Scorer` (its sandbox pool scores a batch's answers in parallel); with
+`pipeline.scorer_workers > 1`, that many scorers, each with its own pool, share each batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+from tidal.pipeline.backends import Workers, split_by_task
+from tidal.pipeline.loop import LoopParts, sample_episodes
+from tidal.pipeline.weights import UNLOADED, Publication, load_verified
+from tidal.reward.scorer import Scorer
+from tidal.rollout.engine import EmbeddedEngine
+from tidal.types import Episode, Score, Task
+
+
+def rollout_engine(parts: LoopParts) -> EmbeddedEngine:
+    """A second engine on a frozen copy of the trainer's model, holding no verified version yet."""
+    model = copy.deepcopy(parts.engine.model).eval().requires_grad_(False)
+    engine = EmbeddedEngine(model, parts.engine.tokenizer, parts.engine.device, parts.engine.max_batch_rows)
+    engine.weight_version = UNLOADED
+    return engine
+
+
+class LocalRollout:
+    """Generates on the sampler thread with its own engine; loads each new publication between
+    batches, so it never generates while its weights change."""
+
+    def __init__(self, parts: LoopParts) -> None:
+        self.parts = dataclasses.replace(parts, engine=rollout_engine(parts))
+        self.tolerance = parts.config.pipeline.canary_tolerance
+
+    def sample(self, tasks: list[Task], step: int, publication: Publication) -> list[Episode]:
+        if self.parts.engine.weight_version != publication.version:
+            load_verified(self.parts.engine, publication, self.tolerance)
+        return sample_episodes(self.parts, tasks, step)
+
+
+class ScorerPool:
+    """`score_many` over several scorers at once, each scoring whole tasks' answers."""
+
+    def __init__(self, scorers: list[Scorer]) -> None:
+        self.scorers = scorers
+
+    def score_many(self, items: list[tuple[Task, str | bytes]]) -> list[Score]:
+        shares = split_by_task(items, len(self.scorers))
+        scores: list[Score | None] = [None] * len(items)
+        with ThreadPoolExecutor(max_workers=len(shares), thread_name_prefix="tidal-scorers") as pool:
+            done = pool.map(lambda pair: pair[0].score_many([items[i] for i in pair[1]]), zip(self.scorers, shares))
+            for share, share_scores in zip(shares, done):
+                for index, score in zip(share, share_scores):
+                    scores[index] = score
+        return scores  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for scorer in self.scorers:
+            scorer.close()
+
+
+class LocalBackend:
+    """Threads of this process (`pipeline.backend: local`)."""
+
+    def start(self, parts: LoopParts) -> Workers:
+        count = parts.config.pipeline.scorer_workers
+        if count == 1:
+            return Workers(LocalRollout(parts), parts.scorer)  # the run's scorer: it closes it itself
+        pool = ScorerPool([Scorer(parts.config.reward) for _ in range(count)])
+        return Workers(LocalRollout(parts), pool, close=pool.close)
+
+
+BACKEND = LocalBackend()

@@ -1,0 +1,185 @@
+"""Weight publication: the trainer publishes versioned, checksummed weights with a canary; a
+rollout worker verifies what it loaded before it generates with it.
+
+A `Publication` is a CPU snapshot of the trainer's `state_dict` at one version, with
+
+- `checksum`: SHA-256 over every tensor in name order (name, dtype, shape, then the raw bytes).
+  It catches a tensor changed, dropped or reshaped on the way (a bad copy, a torn transfer, a
+  mix-up of versions). Cost: one pass over the weights on each side, about 1 s per GB; on the
+  trainer's side it is paid once per update, on the rollout side once per version it loads.
+- `canary`: the logprobs of a fixed prompt + completion (`canary_ids`) under the new weights, as
+  the trainer's model computes them. The rollout worker recomputes them with *its* model after
+  loading: equal bytes in a model that computes something else (tied weights not tied, a buffer
+  left stale, a wrong dtype or attention kernel) fail here, beyond `pipeline.canary_tolerance`.
+
+A weight that fails either check is refused with `WeightVerificationError` (version, what
+differed, by how much); the rollout worker never generates with it. Waiting for a version that
+never comes raises `WeightTimeoutError` after `pipeline.weight_timeout_s` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from tidal.errors import TidalError
+from tidal.rollout.engine import EmbeddedEngine
+from tidal.trainer.logprobs import token_logprobs
+
+# A fixed canary: plain words every tokenizer splits into several tokens. Its logprobs depend on
+# every layer, so a weight that did not arrive shows in them.
+CANARY_TEXT = "Canary check: the quick brown fox jumps over the lazy dog, 12 + 35 = 47."
+UNLOADED = -1  # the weight version of a rollout engine that has loaded no publication yet
+
+
+class WeightVerificationError(TidalError):
+    """Weights a rollout worker loaded do not match what the trainer published (checksum or
+    canary logprobs); the worker refuses to generate with them."""
+
+
+class WeightTimeoutError(TidalError):
+    """The weights a rollout worker needs were not published (or could not be fetched) within
+    `pipeline.weight_timeout_s`."""
+
+
+def canary_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The canary's token ids under `tokenizer` (at least two: the first token has no logprob)."""
+    ids = list(tokenizer(CANARY_TEXT, add_special_tokens=False)["input_ids"])
+    if len(ids) < 2:
+        raise ValueError(f"the canary text tokenizes to {len(ids)} token(s); it needs at least 2")
+    return ids
+
+
+def canary_logprobs(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """log p(ids[t] | ids[:t]) for t >= 1 under `model`, in eval mode (no dropout), fp32 on the CPU."""
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            logprobs, _ = token_logprobs(model, input_ids, torch.ones_like(input_ids))  # (1, T)
+    finally:
+        model.train(was_training)
+    return logprobs[0, 1:].float().cpu()  # (T-1,)
+
+
+def state_checksum(state: dict[str, torch.Tensor]) -> str:
+    """SHA-256 (hex) over the tensors of `state` in name order: each name, dtype, shape and the
+    tensor's bytes. Two states have the same checksum only if they hold the same bytes."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        flat = tensor.contiguous().reshape(-1)
+        if flat.numel():
+            digest.update(flat.cpu().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class Publication:
+    """One published weight version. `state` holds CPU tensors; `canary` (T-1,) is what the
+    trainer's model gave for `canary_ids`. `header()` is the same without the tensors (what a
+    remote worker is sent with each call; the tensors travel once, by reference)."""
+
+    version: int
+    checksum: str
+    canary_ids: list[int]
+    canary: list[float]
+    state: dict[str, torch.Tensor] | None = None
+
+    def header(self) -> Publication:
+        return dataclasses.replace(self, state=None)
+
+
+def publish(model: torch.nn.Module, version: int, ids: list[int]) -> Publication:
+    """Snapshot `model`'s weights as `version` (a CPU copy: the trainer keeps updating its own),
+    with their checksum and the canary's logprobs under them."""
+    state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
+    return Publication(version, state_checksum(state), list(ids), canary_logprobs(model, ids).tolist(), state)
+
+
+def load_verified(engine: EmbeddedEngine, publication: Publication, tolerance: float) -> None:
+    """Load `publication` into `engine`, then check what the engine now holds: the checksum of its
+    tensors and the canary's logprobs under its model. On a mismatch the engine is left marked
+    `UNLOADED` (it must not generate) and `WeightVerificationError` says what differed."""
+    if publication.state is None:
+        raise ValueError(f"weight version {publication.version}: a header without tensors cannot be loaded")
+    engine.weight_version = UNLOADED  # until verified
+    engine.update_weights(publication.state, version=UNLOADED)
+    own = engine.model.state_dict()
+    loaded = state_checksum({name: own[name] for name in publication.state})
+    if loaded != publication.checksum:
+        differing = [
+            name for name, tensor in publication.state.items()
+            if state_checksum({name: own[name]}) != state_checksum({name: tensor})
+        ]
+        where = f"tensor(s) differing from the sent ones: {differing[:3]}" if differing else (
+            "the sent tensors themselves do not match the published checksum (changed after publication)"
+        )
+        raise WeightVerificationError(
+            f"weight version {publication.version}: checksum mismatch (loaded {loaded[:12]}, published "
+            f"{publication.checksum[:12]}); {where}. Refusing to generate with these weights"
+        )
+    got = canary_logprobs(engine.model, publication.canary_ids)
+    expected = torch.tensor(publication.canary, dtype=torch.float32)
+    difference = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
+    if not difference <= tolerance:  # also catches NaN
+        raise WeightVerificationError(
+            f"weight version {publication.version}: canary logprobs differ from the trainer's by up to "
+            f"{difference:.3g} (pipeline.canary_tolerance={tolerance:g}); the loaded model does not "
+            "compute what the trainer's does. Refusing to generate with these weights"
+        )
+    engine.weight_version = publication.version
+
+
+class WeightChannel:
+    """The newest publication, handed from the trainer to the sampler.
+
+    `publish` (trainer) replaces it and returns at once; the sampler reads `latest()` and waits
+    with `wait_for` until a version recent enough is there. Versions superseded before the sampler
+    looked are never loaded, which is fine: only the newest matters.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._latest: Publication | None = None
+
+    def publish(self, publication: Publication) -> None:
+        with self._changed:
+            self._latest = publication
+            self._changed.notify_all()
+
+    def latest(self) -> Publication | None:
+        with self._changed:
+            return self._latest
+
+    def wait(self, timeout: float) -> None:
+        """Block until something is published or `timeout` seconds pass."""
+        with self._changed:
+            self._changed.wait(timeout)
+
+    def wait_for(self, version: int, timeout_s: float, stop: threading.Event, poll_s: float = 0.2) -> Publication | None:
+        """The newest publication once its version is `version` or newer; None if `stop` is set
+        first. Raises `WeightTimeoutError` after `timeout_s` seconds without one."""
+        deadline = time.monotonic() + timeout_s
+        while not stop.is_set():
+            latest = self.latest()
+            if latest is not None and latest.version >= version:
+                return latest
+            left = deadline - time.monotonic()
+            if left <= 0:
+                newest = "nothing" if latest is None else f"version {latest.version}"
+                raise WeightTimeoutError(
+                    f"waited {timeout_s:g} s for weight version {version} or newer; {newest} was published. "
+                    "Is the trainer alive? If it is just slow, raise pipeline.weight_timeout_s"
+                )
+            self.wait(min(poll_s, left))
+        return None
