@@ -1,7 +1,7 @@
 """The context policy: a layered prompt, and long tool output cut with a marker.
 
-Layers, in order: **system** (how to behave, plus the tool declarations and call format when the
-policy reads tools from the prompt), **task** (the task's prompt and the files it starts with),
+Layers, in order: **system** (how to behave; the tools' declarations and call format are added by
+whoever renders the prompt, `render.render_messages`, in process or behind a server), **task** (the task's prompt and the files it starts with),
 **memory** (standing notes a team gives every episode, e.g. conventions of their repository) and
 then the **tool results**, one message per call as the episode goes. A tool result longer than
 `max_observation_chars` keeps its head and tail and says how much was cut, so the model sees both
@@ -12,9 +12,7 @@ episode is token-in/token-out, and summarising would change tokens it has alread
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from tidal.agent.toolcall import tools_instructions
 from tidal.types import Task
 
 DEFAULT_SYSTEM = (
@@ -32,11 +30,10 @@ class ContextPolicy:
     max_observation_chars: int = 8000
     max_listed_files: int = 50
 
-    def messages(self, task: Task, schemas: list[dict[str, Any]], tools_in_prompt: bool) -> list[dict[str, str]]:
-        """The opening messages: system layer, then the task (and memory) layer."""
+    def messages(self, task: Task) -> list[dict[str, str]]:
+        """The opening messages: system layer, then the task (and memory) layer. Every policy gets
+        these same messages; the tools travel beside them (`Policy.start`)."""
         system = self.system
-        if tools_in_prompt:
-            system += "\n\n" + tools_instructions(schemas)
         task_messages = task.messages()
         # A task's own system messages join the system layer; its other messages follow in order.
         system_parts = [m["content"] for m in task_messages if m["role"] == "system"]

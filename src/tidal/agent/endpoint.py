@@ -28,6 +28,7 @@ import urllib.request
 from typing import Any
 
 from tidal.agent.policy import Message, Turn
+from tidal.agent.render import answer_messages
 from tidal.agent.toolcall import (
     MAX_CALL_CHARS,
     CallValidity,
@@ -205,12 +206,9 @@ class EndpointConversation:
         return Turn(text, parsed, tokens_in, tokens_out, elapsed, finish, call_ids=ids)
 
     def observe(self, turn: Turn, results: list[str]) -> None:
-        if turn.call_ids:
-            # Every tool_call id must be answered; an invalid turn answers each with the error.
-            answers = results if len(results) == len(turn.call_ids) else [results[0]] * len(turn.call_ids)
-            self.messages.extend({"role": "tool", "tool_call_id": i, "content": a} for i, a in zip(turn.call_ids, answers))
-        else:
-            self.messages.extend({"role": "user", "content": r} for r in results)
+        # Every tool_call id must be answered (an invalid turn answers each with the error); a
+        # turn without tool_calls is answered by a user message.
+        self.messages.extend(answer_messages(results, len(turn.call_ids), turn.call_ids))
 
     def trace(self) -> dict[str, Any]:
         return {"messages": self.messages}
@@ -221,9 +219,7 @@ def _count(value: Any) -> int:
 
 
 class EndpointPolicy:
-    """A model behind an OpenAI-compatible endpoint."""
-
-    tools_in_prompt = False  # the endpoint gets the tools in the request's `tools` field
+    """A model behind an OpenAI-compatible endpoint; the tools go in the request's `tools` field."""
 
     def __init__(self, model: str, base_url: str, api_key_env: str = "OPENAI_API_KEY", temperature: float = 0.0,
                  timeout_s: float = 120.0, request_retries: int = 2, retry_delay_s: float = 1.0) -> None:

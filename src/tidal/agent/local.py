@@ -1,14 +1,16 @@
 """`LocalPolicy`: a local checkpoint (or the tiny model) through the EmbeddedEngine, token-in/token-out.
 
 The episode is one running list of token ids. Each turn generates from the whole list and appends
-exactly the sampled tokens (mask 1, with their sampler logprobs); the tool results are appended as
-an observation segment (mask 0) tokenised on its own. Earlier turns are never re-tokenised, so the
+exactly the sampled tokens (mask 1, with their sampler logprobs); the messages answering the turn
+(`render.answer_messages`: tool results, or the error of an invalid turn) are appended as an
+observation segment (mask 0) tokenised on its own. The opening prompt is `render.render_messages`
+of the episode's messages and tools, the rendering `tidal serve` uses for the same conversation. Earlier turns are never re-tokenised, so the
 tokens a trainer sees are the tokens the model produced, byte for byte, and `Completion.prompt_ids`
 of every turn is a prefix of the final list.
 
 The observation segment is what the chat template writes after an assistant turn and before the
-next generation prompt: found once per tool-message count by rendering a conversation with a
-sentinel assistant message with and without the tool messages, and keeping the difference. A
+next generation prompt: found by rendering a conversation with a sentinel assistant message with
+and without the answering messages, and keeping the difference. A
 template for which that difference is not a pure suffix (one that rewrites earlier turns) cannot
 be used token-in/token-out, and `LocalPolicy` says so when it starts.
 """
@@ -20,6 +22,7 @@ import time
 from typing import Any
 
 from tidal.agent.policy import Message, Turn
+from tidal.agent.render import answer_messages, calls_offered, render_messages
 from tidal.agent.toolcall import parse_tool_calls
 from tidal.errors import ModelLoadError
 from tidal.types import Task
@@ -28,7 +31,8 @@ SENTINEL = "\u2063tidal-sentinel\u2063"
 
 
 class ObservationRenderer:
-    """Turns tool results into the template's text between an assistant turn and the next prompt."""
+    """Turns the messages answering a turn into the template's text between an assistant turn and
+    the next generation prompt."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -43,10 +47,10 @@ class ObservationRenderer:
     def _render(self, messages: list[Message], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
-    def text(self, results: list[str], ended_with_eos: bool) -> str:
+    def text(self, answers: list[Message], ended_with_eos: bool) -> str:
         """The observation text to append after a turn (with or without its eos token)."""
         messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": SENTINEL}]
-        full = self._render(messages + [{"role": "tool", "content": r} for r in results], True)
+        full = self._render(messages + answers, True)
         if not full.startswith(self.base):
             raise ModelLoadError(
                 "the chat template rewrites earlier turns when a tool message follows (its rendering is not "
@@ -60,12 +64,14 @@ class ObservationRenderer:
 class LocalConversation:
     """One episode on the embedded engine (see the module docstring)."""
 
-    def __init__(self, policy: LocalPolicy, messages: list[Message], seed: int | None) -> None:
+    def __init__(self, policy: LocalPolicy, messages: list[Message], tools: list[dict[str, Any]],
+                 seed: int | None) -> None:
         from tidal.models import render_prompt
 
         self.policy = policy
-        self.messages = list(messages)
-        self.prompt_ids = render_prompt(policy.tokenizer, messages)
+        self.offered = [tool["function"]["name"] for tool in tools]
+        self.messages = render_messages(messages, tools)  # what the template reads, tools included
+        self.prompt_ids = render_prompt(policy.tokenizer, self.messages)
         self.token_ids: list[int] = list(self.prompt_ids)
         self.mask: list[int] = [0] * len(self.token_ids)  # 1 on generated tokens (the ones trained on)
         self.logprobs: list[float] = [0.0] * len(self.token_ids)  # sampler logprobs where mask == 1
@@ -100,12 +106,14 @@ class LocalConversation:
                     elapsed, completion.finish_reason, cpu_s=cpu)
 
     def observe(self, turn: Turn, results: list[str]) -> None:
-        text = self.policy.renderer.text(results, getattr(self, "_ended_with_eos", False))
+        calls = len(turn.parsed.calls) if calls_offered(turn.parsed, self.offered) else 0
+        answers = answer_messages(results, calls)
+        text = self.policy.renderer.text(answers, getattr(self, "_ended_with_eos", False))
         ids = list(self.policy.tokenizer.encode(text, add_special_tokens=False))
         self.token_ids += ids
         self.mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
-        self.messages.extend({"role": "tool", "content": r} for r in results)
+        self.messages.extend(answers)
 
     def trace(self) -> dict[str, Any]:
         return {"messages": self.messages, "prompt_ids": self.prompt_ids, "token_ids": self.token_ids,
@@ -120,7 +128,8 @@ class LocalPolicy:
         self.engine, self.tokenizer, self.name = engine, tokenizer, name
         self.temperature, self.top_p, self.stop, self.seed = temperature, top_p, list(stop or []), seed
         self.renderer = ObservationRenderer(tokenizer)
-        self.renderer.text(["probe"], True)  # fails now, not mid-eval, for a template that is not append-only
+        for role in ("tool", "user"):  # fails now, not mid-eval, for a template that is not append-only
+            self.renderer.text([{"role": role, "content": "probe"}], True)
         self.lock = threading.Lock()
 
     @classmethod
@@ -136,7 +145,7 @@ class LocalPolicy:
     def start(self, task: Task, messages: list[Message], tools: list[dict[str, Any]],
               seed: int = 0) -> LocalConversation:
         seed = None if self.seed is None else self.seed + _stable(f"{task.id}\x00{seed}")
-        return LocalConversation(self, messages, seed)
+        return LocalConversation(self, messages, tools, seed)
 
 
 def _stable(text: str) -> int:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tidal.agent.render import answer_messages, calls_offered, render_messages
 from tidal.agent.toolcall import ParsedTurn, format_tool_call, parse_tool_calls
 from tidal.types import Task
 
@@ -53,7 +54,9 @@ class Conversation(Protocol):
     def generate(self, max_new_tokens: int) -> Turn: ...
 
     def observe(self, turn: Turn, results: list[str]) -> None:
-        """The tool results for `turn`: one per call when it was valid, else one error message."""
+        """The tool results for `turn`: one per call when it was valid, else one error message.
+        They go back as `render.answer_messages` says: tool messages for offered calls, else a
+        user message."""
         ...
 
     def trace(self) -> dict[str, Any]:
@@ -65,7 +68,9 @@ class Policy(Protocol):
     name: str
 
     def start(self, task: Task, messages: list[Message], tools: list[dict[str, Any]], seed: int = 0) -> Conversation:
-        """A new episode; `seed` (e.g. the epoch) varies sampling between repeats of one task."""
+        """A new episode on `messages` (system, task, memory) with `tools` (OpenAI declarations),
+        which a text policy renders into the prompt with `render.render_messages` and an endpoint
+        sends as the request's `tools`; `seed` (e.g. the epoch) varies sampling between repeats."""
         ...
 
 
@@ -73,10 +78,12 @@ class Policy(Protocol):
 
 
 class ScriptedConversation:
-    """Replays `outputs` one per turn; after the last one every turn is empty (a `no_call` turn)."""
+    """Replays `outputs` one per turn; after the last one every turn is empty (a `no_call` turn).
+    Its messages are what a local model would read (tools rendered into the system message)."""
 
-    def __init__(self, messages: list[Message], outputs: Sequence[str]) -> None:
-        self.messages = list(messages)
+    def __init__(self, messages: list[Message], outputs: Sequence[str], tools: list[dict[str, Any]]) -> None:
+        self.messages = render_messages(messages, tools)
+        self.offered = [tool["function"]["name"] for tool in tools]
         self.outputs = list(outputs)
         self.turns = 0
 
@@ -96,7 +103,8 @@ class ScriptedConversation:
         return Turn(text, parse_tool_calls(text), context, len(text), time.perf_counter() - started, finish)
 
     def observe(self, turn: Turn, results: list[str]) -> None:
-        self.messages.extend({"role": "tool", "content": result} for result in results)
+        calls = len(turn.parsed.calls) if calls_offered(turn.parsed, self.offered) else 0
+        self.messages.extend(answer_messages(results, calls))
 
     def trace(self) -> dict[str, Any]:
         return {"messages": self.messages}
@@ -114,7 +122,7 @@ class ScriptedPolicy:
     def start(self, task: Task, messages: list[Message], tools: list[dict[str, Any]],
               seed: int = 0) -> ScriptedConversation:
         outputs = self.outputs_for(task) if self.outputs_for is not None else self.outputs
-        return ScriptedConversation(messages, outputs)
+        return ScriptedConversation(messages, outputs, tools)
 
 
 def oracle_turns(task: Task) -> list[str]:

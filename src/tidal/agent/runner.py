@@ -82,7 +82,7 @@ def run_episode(task: Task, policy: Policy, backend: SandboxBackend, config: Age
         return AgentResult(task.id, task.domain, Termination.TASK_ERROR, AgentOutcome.VERIFIER_ERROR, [], None,
                            f"task {task.id}: tools: {error}")
     schemas = tool_schemas(tools)
-    messages = config.context.messages(task, schemas, tools_in_prompt=getattr(policy, "tools_in_prompt", True))
+    messages = config.context.messages(task)
     max_steps = config.max_steps or task.max_steps
     try:
         session = open_session(backend, dict(task.files), task.limits, store)

@@ -150,12 +150,3 @@ def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     """The text of one call, as a model should write it."""
     return f"{OPEN_TAG}{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}{CLOSE_TAG}"
 
-
-def tools_instructions(schemas: list[dict[str, Any]]) -> str:
-    """The system-prompt block that declares the tools (OpenAI function schemas) and the format."""
-    listing = "\n".join(json.dumps(schema, ensure_ascii=False, sort_keys=True) for schema in schemas)
-    return (
-        "You can call these tools (JSON schemas):\n<tools>\n" + listing + "\n</tools>\n"
-        f"To call one, write {OPEN_TAG}{{\"name\": <tool name>, \"arguments\": {{...}}}}{CLOSE_TAG} "
-        "and stop; the result comes back in the next message. Call submit when the task is done."
-    )

@@ -1,15 +1,10 @@
-"""Chat messages and tools to prompt text, and the model's text back to content and tool calls.
+"""The model's text back to content and tool calls, and what streaming may send of it.
 
-The tool-call format is Qwen2.5's (Hermes-style), so a Qwen checkpoint already speaks it and the
-built-in ChatML template needs nothing new:
-
-- the tools' JSON schemas go into the system message, one compact JSON object per line inside
-  `<tools></tools>`, with a one-line instruction (shorter than Qwen's: tiny models have small
-  contexts);
-- the model calls a tool by writing, after any plain text,
-  `<tool_call>\\n{"name": "<function>", "arguments": {...}}\\n</tool_call>`, one block per call;
-- an assistant message with `tool_calls` is rendered back in that same form, and a `tool` message as a
-  user turn holding `<tool_response>\\n...\\n</tool_response>` (as Qwen's template does).
+Messages and tools become prompt text with the agent runner's own rendering
+(`tidal.agent.render.render_messages`, re-exported here), so a conversation sent to the server is
+the prompt the in-process runner builds for it. The tool-call format is Qwen2.5's (Hermes-style):
+after any plain text, `<tool_call>{"name": "<function>", "arguments": {...}}</tool_call>`, one
+block per call.
 
 Parsing is strict (`parse_tool_calls`): every block must be whole, hold a JSON object with exactly a
 known tool `name` and an object `arguments`, and nothing but whitespace may follow the last block.
@@ -18,33 +13,17 @@ Anything else is plain content, and the reason is returned so the server can rec
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from tidal.agent import toolcall
+from tidal.agent.render import MessageError, render_messages
+
+__all__ = ["MessageError", "ParsedOutput", "ToolCall", "parse_tool_calls", "render_messages", "stop_holdback",
+           "tool_call_holdback", "tool_names"]
 
 TOOL_CALL_OPEN = toolcall.OPEN_TAG
 TOOL_CALL_CLOSE = toolcall.CLOSE_TAG
-
-# Short on purpose: byte-level tiny models have contexts of a few hundred tokens.
-_TOOLS_PROMPT = """# Tools
-You may call these functions:
-<tools>
-{tools}
-</tools>
-To call one, answer with <tool_call>{{"name": <function-name>, "arguments": <args-json-object>}}</tool_call>"""
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-class MessageError(ValueError):
-    """A chat message the server cannot render; `param` names the field (e.g. `messages[2].role`)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
-        self.param = param
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -71,70 +50,6 @@ class ParsedOutput:
 def tool_names(tools: list[dict[str, Any]]) -> list[str]:
     """The function names of OpenAI tool declarations (already validated by the request schema)."""
     return [tool["function"]["name"] for tool in tools]
-
-
-def render_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, str]]:
-    """OpenAI chat messages -> `{"role", "content"}` dicts of plain text for the chat template.
-
-    Plain string messages without tools come out unchanged, so a prompt built here equals
-    `render_prompt(tokenizer, messages)` in process. Raises `MessageError` naming the bad field.
-    """
-    rendered: list[dict[str, str]] = []
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise MessageError(where, "must be an object with 'role' and 'content'")
-        role = message.get("role")
-        if role not in ROLES:
-            raise MessageError(f"{where}.role", f"{role!r} is not a role; use one of {', '.join(ROLES)}")
-        content = _text_content(message.get("content"), f"{where}.content", allow_none=role == "assistant")
-        if role == "developer":
-            role = "system"
-        if role == "assistant" and message.get("tool_calls"):
-            content += "".join(_render_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(message["tool_calls"]))
-        elif role == "assistant" and message.get("content") is None:
-            raise MessageError(f"{where}.content", "an assistant message needs content or tool_calls")
-        if role == "tool":
-            role, content = "user", f"<tool_response>\n{content}\n</tool_response>"
-        rendered.append({"role": role, "content": content})
-    if tools:
-        declared = "\n".join(json.dumps(tool, ensure_ascii=False, separators=(",", ":")) for tool in tools)
-        system = _TOOLS_PROMPT.format(tools=declared)
-        if rendered and rendered[0]["role"] == "system":
-            rendered[0] = {"role": "system", "content": rendered[0]["content"] + "\n\n" + system}
-        else:
-            rendered.insert(0, {"role": "system", "content": system})
-    return rendered
-
-
-def _text_content(content: Any, where: str, allow_none: bool) -> str:
-    if content is None:
-        if allow_none:
-            return ""
-        raise MessageError(where, "is required")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for index, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise MessageError(f"{where}[{index}]", "only text parts ({'type': 'text', 'text': ...}) are supported")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise MessageError(where, "must be a string or a list of text parts")
-
-
-def _render_call(call: Any, where: str) -> str:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise MessageError(f"{where}.function", "must be an object with a string 'name'")
-    arguments = function.get("arguments", "{}")
-    try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except json.JSONDecodeError as error:
-        raise MessageError(f"{where}.function.arguments", f"is not JSON ({error.msg})") from None
-    body = json.dumps({"name": function["name"], "arguments": parsed}, ensure_ascii=False)
-    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
 def parse_tool_calls(text: str, known: list[str]) -> ParsedOutput:

@@ -43,9 +43,12 @@ def test_malformed_calls_are_scored_and_recovery_is_recorded(bwrap: SandboxBacke
     assert kinds == ["parse_error", "valid", "unknown_tool", "invalid_arguments", "no_call", "valid", "valid"]
     assert [s.recovered for s in result.steps] == [True, None, False, False, True, None, None]
     assert result.steps[5].calls[0].ok
-    # The model was told what was wrong, and read the file it asked for.
+    # The model was told what was wrong (as the user: a malformed turn has no call to answer; a
+    # well-formed call with bad arguments is answered as a call), and read the file it asked for.
     messages = result.trace["messages"]
-    assert any("parse_error" in m["content"] for m in messages if m["role"] == "tool")
+    assert any("parse_error" in m["content"] for m in messages if m["role"] == "user")
+    assert any("unknown_tool" in m["content"] for m in messages if m["role"] == "user")
+    assert any("invalid_arguments" in m["content"] for m in messages if m["role"] == "tool")
     assert any(m["content"] == "hi\n" for m in messages if m["role"] == "tool")
     totals = result.totals()
     assert totals["calls_invalid"] == 4 and totals["recoveries"] == 2 and totals["failures_followed"] == 4
@@ -67,7 +70,7 @@ def test_work_done_without_submit_still_passes(bwrap: SandboxBackend) -> None:
 
 def test_token_budget_ends_the_episode(bwrap: SandboxBackend) -> None:
     config = AgentConfig()
-    opening = sum(len(m["content"]) for m in config.context.messages(_task(), [], tools_in_prompt=False))
+    opening = sum(len(m["content"]) for m in config.context.messages(_task()))
     config.max_tokens = opening + 4000  # a scripted token is a character; the tools add ~1500
     result = run_episode(_task(), ScriptedPolicy(["x" * 400] * 10), bwrap, config)
     assert result.termination is Termination.TOKEN_LIMIT
