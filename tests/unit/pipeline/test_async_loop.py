@@ -1,5 +1,6 @@
-"""The asynchronous loop on the smoke config: staleness bound, exactly once, on-policy at bound 0,
-resume after a crash. Checked from the run folder and its trajectory store, never from timings."""
+"""The asynchronous loop on the smoke config, on each backend (`local`, and `ray` on a real local
+Ray cluster): staleness bound, exactly once, on-policy at bound 0, resume after a crash, overlap.
+Checked from the run folder and its trajectory store, never from timings."""
 
 from __future__ import annotations
 
@@ -98,11 +99,11 @@ def _force_rollout_ahead(monkeypatch: pytest.MonkeyPatch, bound: int) -> list[tu
 
 
 def test_async_run_respects_the_staleness_bound_and_trains_each_id_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: list[str]
 ) -> None:
     started = _force_rollout_ahead(monkeypatch, bound=2)
     run = _run(tmp_path, "async", "pipeline.mode=async", "algorithm.max_staleness=2", "pipeline.queue_size=4",
-               "algorithm.loss=decoupled_ppo")
+               "algorithm.loss=decoupled_ppo", *backend)
 
     # Admission control: no batch was started with weights older than the bound allows.
     assert sorted(s for s, _ in started) == list(range(STEPS))
@@ -124,9 +125,15 @@ def test_async_run_respects_the_staleness_bound_and_trains_each_id_once(
         assert "is_weight_mean" in m  # the decoupled PPO loss ran
 
 
-def test_bound_zero_is_on_policy_and_matches_the_sync_loop(tmp_path: Path) -> None:
-    sync = _run(tmp_path, "sync")
-    on_policy = _run(tmp_path, "async0", "pipeline.mode=async", "algorithm.max_staleness=0")
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory: pytest.TempPathFactory) -> RunFolder:
+    """The synchronous loop's run, once for the module."""
+    return _run(tmp_path_factory.mktemp("sync"), "sync")
+
+
+def test_bound_zero_is_on_policy_and_matches_the_sync_loop(tmp_path: Path, sync_run: RunFolder, backend: list[str]) -> None:
+    sync = sync_run
+    on_policy = _run(tmp_path, "async0", "pipeline.mode=async", "algorithm.max_staleness=0", *backend)
     _assert_exactly_once(_store(on_policy), bound=0)
     sync_rows, async_rows = _latest(_store(sync)), _latest(_store(on_policy))
     rename = {i: i.replace("async0/", "sync/", 1) for i in async_rows}
@@ -140,7 +147,9 @@ def test_bound_zero_is_on_policy_and_matches_the_sync_loop(tmp_path: Path) -> No
     assert files(sync) == files(on_policy)
 
 
-def test_resume_after_a_crash_trains_every_id_exactly_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_after_a_crash_trains_every_id_exactly_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: list[str]
+) -> None:
     original = Trainer.rl_step
     calls = {"n": 0}
 
@@ -151,7 +160,7 @@ def test_resume_after_a_crash_trains_every_id_exactly_once(tmp_path: Path, monke
         return original(self, batch, replay)
 
     monkeypatch.setattr(Trainer, "rl_step", crash_on_third)
-    overrides = ["pipeline.mode=async", "algorithm.max_staleness=1"]
+    overrides = ["pipeline.mode=async", "algorithm.max_staleness=1", *backend]
     with pytest.raises(RuntimeError, match="simulated trainer crash"):
         _run(tmp_path, "crash", *overrides)
     run = RunFolder.open(tmp_path / "crash")
@@ -172,9 +181,12 @@ def test_resume_after_a_crash_trains_every_id_exactly_once(tmp_path: Path, monke
     assert any(row["attempt"] > 0 for row in _latest(store).values())
 
 
-def test_the_next_batch_is_generated_while_this_one_is_scored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_next_batch_is_generated_while_this_one_is_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: list[str]
+) -> None:
     """Scoring batch b waits until batch b + 1 has started generating: a loop that samples and
-    scores in turn on one thread would never get there (and the wait would time out)."""
+    scores in turn on one thread would never get there (and the wait would time out). Two
+    scorers share each batch."""
     started: set[int] = set()
     overlapped: list[tuple[int, bool]] = []
     changed = threading.Condition()
@@ -194,7 +206,7 @@ def test_the_next_batch_is_generated_while_this_one_is_scored(tmp_path: Path, mo
 
     monkeypatch.setattr(async_loop._Sampler, "_generate", generate)
     monkeypatch.setattr(async_loop, "score_and_gate", score)
-    run = _run(tmp_path, "overlap", "pipeline.mode=async", "algorithm.max_staleness=1")
+    run = _run(tmp_path, "overlap", "pipeline.mode=async", "algorithm.max_staleness=1", "pipeline.scorer_workers=2", *backend)
     assert overlapped == [(step, True) for step in range(STEPS - 1)]
     _assert_exactly_once(_store(run), bound=1)
     rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]

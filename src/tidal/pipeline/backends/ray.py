@@ -1,0 +1,266 @@
+"""The Ray backend: the rollout worker and the scorers are Ray actors; the trainer, the loop's
+threads and the trajectory store stay in the driver (the calling process).
+
+`ray.init(address=pipeline.ray_address)` joins a cluster (`host:port`, `auto`, `ray://...`); no
+address starts a Ray inside this process. The same code runs either way. Every node must have
+tidal installed (the same version as the driver): the actors import it.
+
+What the actors are sent, explicitly:
+- the rollout actor: the config, the run's name (trajectory ids), a CPU copy of the model (its
+  architecture; its weights are replaced by the first publication) and the tokenizer, once, at
+  creation; then, with each batch, the tasks and the header of the publication to generate with
+  (version, checksum, canary). The publication's tensors go through the object store once per
+  version (`ray.put` in the driver) and are fetched by the actor only when it holds another
+  version; it verifies them (`weights.load_verified`) before it generates with them.
+- each scorer actor: the reward config, once; then the (task, answer) pairs of its share of a
+  batch (`split_by_task`: all answers to one task go to one scorer, in one sandbox batch).
+
+The driver writes the store, from its scorer thread, before the trainer may use a batch, as on
+the local backend: exactly-once rests on the store's ledger and the trajectory ids, which a
+regenerated batch reproduces, not on which process generated it.
+
+Failures: an actor that dies (kill -9, out of memory, a lost node) is restarted by Ray up to
+`pipeline.worker_restarts` times, and its call in flight is retried on the new one; generation
+and scoring are idempotent (same seed, same weights version, same ids), and the restarted
+rollout actor loads and verifies the publication again before it generates. One more death, or a
+call that takes longer than `pipeline.worker_timeout_s`, raises `WorkerLostError`. Restarts are
+counted from the process ids the calls report (`restarts/rollout`, `restarts/scorer` metrics).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from tidal.config.schema import RewardConfig, TidalConfig
+from tidal.pipeline.backends import (
+    BackendUnavailableError,
+    WorkerLostError,
+    Workers,
+    split_by_task,
+)
+from tidal.pipeline.loop import LoopParts, sample_episodes
+from tidal.pipeline.weights import (
+    UNLOADED,
+    Publication,
+    WeightTimeoutError,
+    load_verified,
+)
+from tidal.reward.scorer import Scorer
+from tidal.rollout.engine import EmbeddedEngine
+from tidal.types import Episode, Score, Task
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "tidal"
+RAY_PIN = "ray==2.60.0"  # the version the tests run against (pyproject's `ray` extra)
+
+
+def import_ray() -> ModuleType:
+    """The `ray` module, or `BackendUnavailableError` saying how to install it."""
+    try:
+        import ray
+    except ImportError as error:
+        raise BackendUnavailableError(
+            f"pipeline.backend=ray needs Ray, which is not installed here: pip install 'tidal[ray]' "
+            f"(or pip install {RAY_PIN}), or set pipeline.backend=local"
+        ) from error
+    return ray
+
+
+@dataclass
+class _RunName:
+    name: str
+
+
+@dataclass
+class _RolloutParts:
+    """What `sample_episodes` reads of `LoopParts` (config, engine, run.name): the actor has no
+    run folder, trainer or mixer, only these."""
+
+    config: TidalConfig
+    engine: EmbeddedEngine
+    run: _RunName
+
+
+class RolloutActor:
+    """Generates batches on its own copy of the policy (a Ray actor)."""
+
+    def __init__(self, config: TidalConfig, run_name: str, policy: list[Any], device: str) -> None:
+        import ray
+
+        # `policy` holds the ref of (model, tokenizer), which the driver keeps alive for restarts.
+        model, tokenizer = ray.get(policy[0])
+        model = model.to(device).eval().requires_grad_(False)
+        engine = EmbeddedEngine(model, tokenizer, device)
+        engine.weight_version = UNLOADED  # a new (or restarted) actor generates only with verified weights
+        self.parts = _RolloutParts(config, engine, _RunName(run_name))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def sample(self, tasks: list[Task], step: int, header: Publication, state: list[Any]) -> tuple[int, list[Episode]]:
+        """(this process's id, batch `step`) generated with the weights of `header`; `state` holds
+        the object ref of its tensors (in a list, so Ray hands the ref over without fetching it)."""
+        engine, pipeline = self.parts.engine, self.parts.config.pipeline
+        if engine.weight_version != header.version:
+            import ray
+
+            try:
+                tensors = ray.get(state[0], timeout=pipeline.weight_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise WeightTimeoutError(
+                    f"the rollout actor could not fetch weight version {header.version} from the object store "
+                    f"within pipeline.weight_timeout_s={pipeline.weight_timeout_s:g}"
+                ) from None
+            load_verified(engine, dataclasses.replace(header, state=tensors), pipeline.canary_tolerance)
+        return os.getpid(), sample_episodes(self.parts, tasks, step)  # type: ignore[arg-type]
+
+
+class ScorerActor:
+    """Scores (task, answer) pairs with its own `Scorer` and sandbox pool (a Ray actor)."""
+
+    def __init__(self, config: RewardConfig) -> None:
+        self.scorer = Scorer(config)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def score_many(self, items: list[tuple[Task, str | bytes]]) -> tuple[int, list[Score]]:
+        return os.getpid(), self.scorer.score_many(items)
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
+class _Restarts:
+    """Counts an actor's restarts from the process ids its answers carry."""
+
+    def __init__(self) -> None:
+        self.pids: dict[int, int] = {}  # actor index -> last pid seen
+        self.count = 0
+
+    def saw(self, actor: int, pid: int) -> None:
+        if self.pids.get(actor, pid) != pid:
+            self.count += 1
+            logger.warning("a Ray actor was restarted (now pid %d)", pid)
+        self.pids[actor] = pid
+
+
+def _get(ray: ModuleType, refs: list[Any], timeout_s: float, what: str, restarts: int) -> list[Any]:
+    """`ray.get(refs)`, with a dead actor or a timeout as `WorkerLostError`."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        for ref in refs:
+            ray.cancel(ref, force=True)
+        raise WorkerLostError(f"{what}: no answer within pipeline.worker_timeout_s={timeout_s:g}") from None
+    except ray.exceptions.RayActorError as error:
+        raise WorkerLostError(
+            f"{what}: the actor died and was not brought back (pipeline.worker_restarts={restarts} restarts "
+            f"allowed): {error}"
+        ) from error
+
+
+class RayRollout:
+    """The driver's handle on the rollout actor (a `RolloutWorker`)."""
+
+    def __init__(self, ray: ModuleType, actor: Any, pipeline: Any, policy: Any) -> None:
+        self.ray, self.actor, self.pipeline = ray, actor, pipeline
+        self.policy = policy  # the ref of the actor's (model, tokenizer): kept alive for its restarts
+        self.restarts = _Restarts()
+        self._state: tuple[int, Any] | None = None  # (version, object ref) of the newest tensors put
+
+    def sample(self, tasks: list[Task], step: int, publication: Publication) -> list[Episode]:
+        if self._state is None or self._state[0] != publication.version:
+            # Put once per version; dropping the previous ref frees it from the object store.
+            self._state = (publication.version, self.ray.put(publication.state))
+        call = self.actor.sample.remote(tasks, step, publication.header(), [self._state[1]])
+        [(pid, episodes)] = _get(self.ray, [call], self.pipeline.worker_timeout_s, f"rollout actor, batch {step}",
+                                 self.pipeline.worker_restarts)
+        self.restarts.saw(0, pid)
+        return episodes
+
+
+class RayScorers:
+    """The driver's handle on the scorer actors (a `ScoringWorker`): each batch is split among them."""
+
+    def __init__(self, ray: ModuleType, actors: list[Any], pipeline: Any) -> None:
+        self.ray, self.actors, self.pipeline = ray, actors, pipeline
+        self.restarts = _Restarts()
+
+    def score_many(self, items: list[tuple[Task, str | bytes]]) -> list[Score]:
+        shares = split_by_task(items, len(self.actors))
+        calls = [actor.score_many.remote([items[i] for i in share]) for actor, share in zip(self.actors, shares)]
+        answers = _get(self.ray, calls, self.pipeline.worker_timeout_s, f"scorer actors ({len(items)} answers)",
+                       self.pipeline.worker_restarts)
+        scores: list[Score | None] = [None] * len(items)
+        for actor, (share, (pid, share_scores)) in enumerate(zip(shares, answers)):
+            self.restarts.saw(actor, pid)
+            for index, score in zip(share, share_scores):
+                scores[index] = score
+        return scores  # type: ignore[return-value]
+
+
+class RayBackend:
+    """Ray actors (`pipeline.backend: ray`)."""
+
+    def start(self, parts: LoopParts) -> Workers:
+        ray = import_ray()
+        cfg = parts.config
+        pipeline = cfg.pipeline
+        owns = not ray.is_initialized()
+        if owns:
+            try:
+                if pipeline.ray_address is None:
+                    ray.init(namespace=NAMESPACE, include_dashboard=False)
+                else:
+                    ray.init(address=pipeline.ray_address, namespace=NAMESPACE)
+            except ConnectionError as error:
+                raise BackendUnavailableError(
+                    f"pipeline.ray_address={pipeline.ray_address!r}: cannot join a Ray cluster there ({error}); "
+                    "start one (ray start --head) or set it to null to start Ray in this process"
+                ) from error
+        # Named after the run (and unique), so an operator (or a test) can find them in the cluster.
+        tag = f"{parts.run.name}/{uuid.uuid4().hex[:8]}"
+        restarts = {"max_restarts": pipeline.worker_restarts, "max_task_retries": pipeline.worker_restarts}
+        device = parts.engine.device
+        # The model and tokenizer go through the object store, by a ref nested in a list: Ray does
+        # not keep a restartable actor's object-store arguments alive (ray-project/ray#53727), so
+        # the driver's handle does, for as long as the actor may restart.
+        policy = ray.put((copy.deepcopy(parts.engine.model).to("cpu"), parts.engine.tokenizer))
+        rollout_options = {"num_cpus": 1, "num_gpus": 1 if device.type == "cuda" else 0}
+        rollout = ray.remote(**restarts, **rollout_options)(RolloutActor).options(
+            name=f"{tag}/rollout", namespace=NAMESPACE
+        ).remote(cfg, parts.run.name, [policy], device.type)
+        # Scorers mostly wait on their sandbox processes, which Ray does not schedule: no CPU reserved.
+        scorer_class = ray.remote(**restarts, num_cpus=0)(ScorerActor)
+        scorers = [
+            scorer_class.options(name=f"{tag}/scorer-{i}", namespace=NAMESPACE).remote(cfg.reward)
+            for i in range(pipeline.scorer_workers)
+        ]
+        rollout_handle, scorer_handle = RayRollout(ray, rollout, pipeline, policy), RayScorers(ray, scorers, pipeline)
+
+        def close() -> None:
+            try:
+                ray.get([actor.close.remote() for actor in scorers], timeout=30)  # shut the sandbox pools
+            except Exception as error:  # noqa: BLE001 - best effort: the actors are killed next anyway
+                logger.warning("closing the scorer actors: %s", error)
+            for actor in [rollout, *scorers]:
+                ray.kill(actor, no_restart=True)
+            if owns:
+                ray.shutdown()
+
+        return Workers(
+            rollout_handle, scorer_handle, close=close,
+            restarts=lambda: {"rollout": rollout_handle.restarts.count, "scorer": scorer_handle.restarts.count},
+        )
+
+
+BACKEND = RayBackend()

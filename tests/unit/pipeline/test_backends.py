@@ -1,0 +1,49 @@
+"""The backend registry: names, the config's choices, and a clear error when Ray is missing."""
+
+from __future__ import annotations
+
+import sys
+import typing
+
+import pytest
+
+from tidal.config.schema import PipelineConfig
+from tidal.errors import UnknownNameError
+from tidal.pipeline.backends import BACKENDS, get_backend, split_by_task
+from tidal.pipeline.backends.local import LocalBackend
+from tidal.types import Task
+
+
+def test_an_unknown_backend_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownNameError, match=r"unknown pipeline backend 'spark'; known: local, ray"):
+        get_backend("spark")
+    assert isinstance(get_backend("local"), LocalBackend)
+
+
+def test_the_config_offers_exactly_the_registered_backends() -> None:
+    choices = typing.get_args(PipelineConfig.model_fields["backend"].annotation)
+    assert sorted(choices) == sorted(BACKENDS)
+    with pytest.raises(ValueError, match="'local' or 'ray'"):
+        PipelineConfig(backend="spark")
+
+
+def test_the_ray_backend_without_ray_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tidal.pipeline.backends import BackendUnavailableError
+    from tidal.pipeline.backends.ray import import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` finds when Ray is not installed
+    with pytest.raises(BackendUnavailableError, match=r"pip install 'tidal\[ray\]'.*pipeline.backend=local"):
+        import_ray()
+
+
+def test_scoring_shares_keep_a_tasks_answers_together() -> None:
+    tasks = {name: Task(id=name, domain="math", prompt="?", verifier={"name": "exact_match", "answer": "1"}) for name in "abc"}
+    items = [(tasks[name], str(i)) for i, name in enumerate("aabbbcab")]
+    shares = split_by_task(items, 2)
+    assert sorted(i for share in shares for i in share) == list(range(len(items)))
+    for share in shares:
+        assert share == sorted(share)
+    owner = {items[i][0].id: n for n, share in enumerate(shares) for i in share}
+    assert all(owner[items[i][0].id] == n for n, share in enumerate(shares) for i in share)
+    assert len(shares) == 2 and split_by_task(items, 8) and len(split_by_task(items, 8)) == 3
+    assert split_by_task([], 3) == []
