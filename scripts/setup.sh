@@ -11,4 +11,5 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e .
+# The `ray` extra: the async loop's Ray backend, which the tests run on a local Ray cluster.
+.venv/bin/python -m pip install -q -e '.[ray]'
