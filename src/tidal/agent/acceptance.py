@@ -1,114 +1,98 @@
-"""The acceptance run after an episode: the task's hidden tests against the workspace it left.
+"""The acceptance run after an episode: the task's hidden tests in the workspace the agent left.
 
-The tests never enter the workspace while the agent works. Afterwards the workspace's files are
-read out of the session (never through a link: `SandboxSession.read_file`), the tests are added
-(a test wins a name clash) and the run happens in a fresh sandbox over that copy, with the
-`python_tests` verifier's machinery: its pytest plugin streams verdicts over the private report
-channel with a per-run nonce, test files are hashed before and checked after, and a pytest
-plugin loaded from a file the agent wrote (a new `conftest.py`) makes the run `tampered`.
+The tests never enter the workspace while the agent works. After its last step (no process of
+the agent is alive then: every session command ends with its whole process tree) the tests are
+written into the episode's own session (`SandboxSession.put_files`), over whatever the agent left
+on their paths (a planted test file, a link, a folder), with the `__pycache__` folders next to
+them deleted (pytest would read a planted cached module); then they run there, as one more
+session command, with the `python_tests` verifier's machinery:
 
-Why a copy and not the session itself: `SandboxSession.exec` offers no report channel, and
-without one a verdict would come from stdout or a file, which code the agent wrote (imported by
-the tests) can forge. What the copy drops: symlinks (listed in the detail), permission bits and
-empty folders. Tasks should check file contents and command output, not modes.
+- verdicts come over the private report channel, tagged with a per-run nonce: a socket whose fd
+  only this command gets, not a file, so nothing the agent left can write it;
+- the test files are hashed when written and checked when the run is over, and a pytest plugin
+  loaded from a file the agent wrote (a new `conftest.py`) makes the run `tampered`;
+- every folder and file gets its owner's read and write bits first (bits are only added), so an
+  agent cannot turn its failure into an infra error by making the workspace unreadable.
 
-A task whose tests hold pytest modules is judged by them; one with only `test.sh` (terminal-task
-layout, at `tests/test.sh` or `test.sh`) passes when the script exits 0 in the sandbox, which
-trusts the script's exit status the way Terminal-Bench does.
+So the tests see exactly what the agent left: links, modes, empty folders included. A task whose
+tests hold pytest modules is judged by them; one with only `test.sh` (terminal-task layout, at
+`tests/test.sh` or `test.sh`) passes when the script exits 0, which trusts the script's exit
+status the way Terminal-Bench does.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 from pathlib import PurePosixPath
 
+from tidal.errors import SandboxUnavailableError
 from tidal.reward.registry import ScoringContext, task_problem
 from tidal.reward.verifiers import python_tests as pt
-from tidal.sandbox.base import SandboxBackend, SandboxStatus
+from tidal.sandbox.base import SandboxBackend, SandboxResult, SandboxStatus
 from tidal.sandbox.session import SandboxSession
 from tidal.types import Outcome, Score, Task
 
-MAX_FILE_BYTES = 8 << 20
-MAX_TOTAL_BYTES = 64 << 20
-MAX_FILES = 5000
 SHELL_TESTS = ("tests/test.sh", "test.sh")
-
-
-def collect_workspace(session: SandboxSession) -> tuple[dict[str, str | bytes], list[str]]:
-    """The workspace's regular files (name -> bytes) and what was left out, with why."""
-    files: dict[str, str | bytes] = {}
-    skipped: list[str] = []
-    total = 0
-    for name in session.list_files():
-        if len(files) >= MAX_FILES:
-            skipped.append(f"files after the first {MAX_FILES}")
-            break
-        try:
-            data = session.read_file(name, MAX_FILE_BYTES + 1)
-        except (OSError, ValueError) as error:
-            skipped.append(f"{name} ({getattr(error, 'strerror', None) or error})")
-            continue
-        if len(data) > MAX_FILE_BYTES or total + len(data) > MAX_TOTAL_BYTES:
-            skipped.append(f"{name} (too large)")
-            continue
-        total += len(data)
-        files[name] = data
-    return files, skipped
 
 
 def run_acceptance(task: Task, session: SandboxSession, backend: SandboxBackend,
                    context: ScoringContext | None = None) -> Score:
-    """The task's verdict on the session's workspace. Raises SandboxUnavailableError when the
-    sandbox cannot start (an infra error, not the model's)."""
+    """The task's verdict on the session's workspace, run in that session after the agent's last
+    command. Raises SandboxUnavailableError when the sandbox cannot start (not the model's)."""
     context = context or ScoringContext(backend=backend)
-    workspace, skipped = collect_workspace(session)
     paths = pt.pytest_targets(task.tests)
-    if paths:
-        score = _pytest_verdict(task, workspace, paths, backend, context)
-    elif any(name in task.tests for name in SHELL_TESTS):
-        score = _shell_verdict(task, workspace, backend, context)
-    else:
+    if not paths and not any(name in task.tests for name in SHELL_TESTS):
         return task_problem(task, "has no acceptance tests (test_*.py modules or tests/test.sh)")
-    if skipped:
-        score.info["not_copied"] = skipped[:20]
-    return score
-
-
-def _merged(task: Task, workspace: dict[str, str | bytes]) -> dict[str, str | bytes]:
-    files = {name: data for name, data in workspace.items() if name not in task.tests}
-    files.update(task.tests)
-    return files
-
-
-def _pytest_verdict(task: Task, workspace: dict[str, str | bytes], paths: list[str],
-                    backend: SandboxBackend, context: ScoringContext) -> Score:
     try:
         defined = [n for path in paths for n in pt.defined_test_ids(path, task.tests[path])]
     except SyntaxError as error:
         return task_problem(task, f"test file {error.filename} does not parse (line {error.lineno}): {error.msg}")
-    files = _merged(task, workspace)
     # A conftest counts as the task's only when it is one of its tests, or a starting file the
     # agent left unchanged; any other is the agent's and may not load as a plugin.
     allowed = {n for n in task.tests if PurePosixPath(n).name == "conftest.py"}
     allowed |= {n for n, content in task.files.items()
-                if PurePosixPath(n).name == "conftest.py" and _same(workspace.get(n), content)}
-    protected = pt.Protected({n: _sha(c) for n, c in task.tests.items()}, set(files))
-    prepared = pt.Prepared(files, paths, defined, protected, allowed, mode="in_process",
-                           tests=sorted(task.tests))
-    job = prepared.job(task, backend.python, context)
-    result = backend.run(job.argv, job.files, job.limits, env=job.env, after=job.after,
-                         harness_files=dict(pt.HARNESS_FILES), report_input=job.report_input)
-    return prepared.score(task, result)
-
-
-def _shell_verdict(task: Task, workspace: dict[str, str | bytes], backend: SandboxBackend,
-                   context: ScoringContext) -> Score:
+                if PurePosixPath(n).name == "conftest.py" and _same(_read(session, n), content)}
+    problem = _install_tests(task, session)
+    if problem is not None:
+        return problem
+    protected = pt.Protected({n: _sha(c) for n, c in task.tests.items()}, set(session.list_files()))
+    if paths:
+        prepared = pt.Prepared({}, paths, defined, protected, allowed, mode="in_process", tests=sorted(task.tests))
+        job = prepared.job(task, backend.python, context)
+        # -P: the workspace is off sys.path while Python and pytest start, so a planted pytest.py
+        # (or argparse.py, ...) cannot run before the report plugin is armed; `pythonpath=.` puts it
+        # back once the plugins are loaded, so tests import the agent's modules as under
+        # `python -m pytest`.
+        argv = [job.argv[0], "-P", *job.argv[1:], "-o", "pythonpath=."]
+        result = session.exec(argv, env=job.env, limits=job.limits, harness_files=dict(pt.HARNESS_FILES),
+                              report_input=job.report_input)
+        result.after_value = protected.inspect(session.workspace)
+        return prepared.score(task, result)
     script = next(name for name in SHELL_TESTS if name in task.tests)
-    files = _merged(task, workspace)
-    protected = pt.Protected({n: _sha(c) for n, c in task.tests.items()}, set(files))
-    test_dir = str(PurePosixPath(script).parent)
-    result = backend.run(["bash", script], files, context.limits(task), env={"TEST_DIR": test_dir},
-                         after=protected.inspect)
+    result = session.exec(["bash", script], env={"TEST_DIR": str(PurePosixPath(script).parent)},
+                          limits=context.limits(task))
+    result.after_value = protected.inspect(session.workspace)
+    return _shell_verdict(script, result)
+
+
+def _install_tests(task: Task, session: SandboxSession) -> Score | None:
+    """Write the tests into the workspace; a Score when they cannot go in (a full workspace is the
+    agent's doing, clashing test names the task's)."""
+    caches = sorted({str(PurePosixPath(name).parent / "__pycache__") for name in task.tests})
+    try:
+        session.put_files(dict(task.tests), remove=caches)
+    except ValueError as error:
+        return task_problem(task, f"its tests cannot be written: {error}")
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return Score(0.0, Outcome.FAILED, {"tests": 0.0},
+                         f"the workspace the agent left has no room for the tests ({error.strerror})")
+        raise SandboxUnavailableError(f"cannot write the tests into the session: {error}") from error
+    return None
+
+
+def _shell_verdict(script: str, result: SandboxResult) -> Score:
     tail = (result.stdout_text[-1500:] + result.stderr_text[-500:]).strip()
     info = {"exit_code": result.exit_code, "wall_s": round(result.wall_s, 3), "output": tail}
     if result.after_value:
@@ -120,6 +104,13 @@ def _shell_verdict(task: Task, workspace: dict[str, str | bytes], backend: Sandb
         return Score(1.0, Outcome.PASSED, {"tests": 1.0}, f"{script} exited 0", info)
     return Score(0.0, Outcome.FAILED, {"tests": 0.0},
                  f"{script} exited {result.exit_code} ({result.status.value})", info)
+
+
+def _read(session: SandboxSession, name: str) -> bytes | None:
+    try:
+        return session.read_file(name, 8 << 20)
+    except (OSError, ValueError):
+        return None
 
 
 def _sha(content: str | bytes) -> str:

@@ -6,7 +6,7 @@
         turn = conversation.generate()                  # the policy's turn, parsed strictly
         check the calls (parse error, unknown tool, invalid arguments); run them if all are valid
         conversation.observe(results)                   # truncated tool output, or the error
-    score = run_acceptance(task, session)               # hidden tests on the final workspace
+    score = run_acceptance(task, session)               # hidden tests, written in now, run in this session
     outcome = pass | fail | step_limit | timeout | agent_error | infra_error | verifier_error
 
 An invalid turn runs none of its calls; the model is told what was wrong and the step counts

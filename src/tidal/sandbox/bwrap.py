@@ -322,11 +322,13 @@ class BwrapBackend:
         """Who must own workspace files written from the host (the sandbox user on root hosts)."""
         return (SANDBOX_UID, SANDBOX_UID) if self.as_root else None
 
-    def run_in(self, run_dir: Path, argv: list[str], limits: Limits, env: dict[str, str] | None = None) -> SandboxResult:
-        """Run `argv` over the existing `run_dir/workspace` (kept afterwards): sessions (session.py)."""
+    def run_in(self, run_dir: Path, argv: list[str], limits: Limits, env: dict[str, str] | None = None,
+               *, report_input: bytes | None = None) -> SandboxResult:
+        """Run `argv` over the existing `run_dir/workspace` (kept afterwards) and `run_dir/harness`:
+        sessions (session.py). `report_input` opens the report channel as `run` does."""
         if not argv:
             raise ValueError("argv must name a command")
-        return self._run_in(run_dir, argv, limits, env, None)
+        return self._run_in(run_dir, argv, limits, env, report_input)
 
     def _prepare(self, run_dir: Path, harness_files: dict[str, str | bytes] | None) -> Path:
         """The run folder's workspace (empty) and read-only harness folder; the workspace's path."""

@@ -93,12 +93,14 @@ class UnsafeLocalBackend:
 
     workspace_owner = None
 
-    def run_in(self, run_dir: Path, argv: list[str], limits: Limits, env: dict[str, str] | None = None) -> SandboxResult:
-        """Run `argv` over the existing `run_dir/workspace` (kept afterwards): sessions (session.py)."""
+    def run_in(self, run_dir: Path, argv: list[str], limits: Limits, env: dict[str, str] | None = None,
+               *, report_input: bytes | None = None) -> SandboxResult:
+        """Run `argv` over the existing `run_dir/workspace` (kept afterwards) and `run_dir/harness`:
+        sessions (session.py). `report_input` opens the report channel as `run` does."""
         log.warning("sandbox backend 'unsafe_local' runs model code WITHOUT isolation")
         if not argv:
             raise ValueError("argv must name a command")
-        return self._run_in(run_dir / "workspace", run_dir / "harness", argv, limits, env, None)
+        return self._run_in(run_dir / "workspace", run_dir / "harness", argv, limits, env, report_input)
 
     def _run_in(
         self,

@@ -13,6 +13,11 @@ and recreated as links), special files (fifos, sockets, devices) are skipped and
 size is capped (`SnapshotError`). Reading and writing files from the host (`read_file`,
 `write_files`) likewise refuses to pass through a symlink, so a hostile workspace cannot make the
 host read or write anywhere else.
+
+A harness that checks the workspace afterwards (an agent episode's acceptance tests) works in the
+same session: `put_files` writes its files over whatever the sandbox left on their paths, and
+`exec` can put harness files in the read-only harness folder and open the private report channel
+(`SandboxBackend.run`) for one command.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -113,6 +119,13 @@ def _copy_file(source: Path, target: Path) -> None:
         os.close(fd)
 
 
+def _add_mode(path: Path, bits: int) -> None:
+    """Add permission `bits` to a folder or regular file; links and special files are left alone."""
+    info = os.lstat(path)
+    if (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)) and stat.S_IMODE(info.st_mode) & bits != bits:
+        os.chmod(path, stat.S_IMODE(info.st_mode) | bits)
+
+
 def _apply_modes(root: Path, modes: dict[str, int]) -> None:
     """Give every copied entry its saved mode, deepest first (so folders are still writable)."""
     for relative in sorted(modes, key=lambda name: -name.count("/")):
@@ -145,12 +158,28 @@ class SandboxSession:
 
     # ------------------------------------------------------------------ commands and files
 
-    def exec(self, argv: list[str], timeout_s: float | None = None, env: dict[str, str] | None = None) -> SandboxResult:
-        """Run `argv` in a fresh sandbox over this workspace; the session's limits, or `timeout_s`."""
+    def exec(self, argv: list[str], timeout_s: float | None = None, env: dict[str, str] | None = None, *,
+             limits: Limits | None = None, harness_files: dict[str, str | bytes] | None = None,
+             report_input: bytes | None = None) -> SandboxResult:
+        """Run `argv` in a fresh sandbox over this workspace, under the session's limits (or
+        `limits`), with `timeout_s` when given. `harness_files` are added to the read-only harness
+        folder (`$TIDAL_HARNESS`, first on PYTHONPATH) and stay for later commands; `report_input`
+        opens the private report channel for this command only (`SandboxResult.report`)."""
         self._check_open()
-        limits = self.limits if timeout_s is None else self.limits.model_copy(update={"timeout_s": timeout_s})
+        limits = limits or self.limits
+        if timeout_s is not None:
+            limits = limits.model_copy(update={"timeout_s": timeout_s})
+        if harness_files:
+            harness = self.run_dir / "harness"
+            write_tree(harness, harness_files, mode=0o755)  # read-only inside: a ro bind
+            for folder, dirs, _ in os.walk(harness):
+                for name in dirs:
+                    os.chmod(os.path.join(folder, name), 0o755)
         self.commands += 1
-        return self.backend.run_in(self.run_dir, argv, limits, env)  # type: ignore[attr-defined]
+        run_in = self.backend.run_in  # type: ignore[attr-defined]
+        if report_input is None:
+            return run_in(self.run_dir, argv, limits, env)  # type: ignore[no-any-return]
+        return run_in(self.run_dir, argv, limits, env, report_input=report_input)  # type: ignore[no-any-return]
 
     def write_files(self, files: dict[str, str | bytes]) -> None:
         """Write files into the workspace from the host, never through a symlink the sandbox made."""
@@ -160,6 +189,44 @@ class SandboxSession:
         write_tree(self.workspace, files)
         if self.owner is not None:
             chown_tree(self.workspace, *self.owner)
+
+    def put_files(self, files: dict[str, str | bytes], remove: Iterable[str] = ()) -> None:
+        """Write `files` from the host exactly as given, between commands (no sandboxed process is
+        alive then): whatever the sandbox left on their paths (a link, a file where a folder must
+        be, a folder where a file goes) is deleted first, as are the `remove` paths, never through
+        a link. Every folder and file of the workspace also gets its owner's read and write bits
+        (and search on folders; bits are only added), so a command run next can read all of it."""
+        self._check_open()
+        self._grant_owner_access()
+        for name in remove:
+            self._clear(safe_relative_path(name), blockers=False)
+        for name in files:
+            self._clear(safe_relative_path(name), blockers=True)
+        write_tree(self.workspace, files)
+        if self.owner is not None:
+            chown_tree(self.workspace, *self.owner)
+
+    def _clear(self, relative: PurePosixPath, blockers: bool) -> None:
+        """Delete what is at `relative` (and, with `blockers`, a link or file on the way to it)."""
+        path = self.workspace
+        for index, part in enumerate(relative.parts):
+            path = path / part
+            if not os.path.lexists(path):
+                return
+            last = index == len(relative.parts) - 1
+            real_folder = path.is_dir() and not path.is_symlink()
+            if last or not real_folder:
+                if last or blockers:
+                    remove_tree(path) if real_folder else path.unlink()
+                return
+
+    def _grant_owner_access(self) -> None:
+        _add_mode(self.workspace, stat.S_IRWXU)  # before os.walk lists it
+        for folder, dirs, names in os.walk(self.workspace, followlinks=False):
+            for name in dirs:
+                _add_mode(Path(folder, name), stat.S_IRWXU)  # before os.walk lists it
+            for name in names:
+                _add_mode(Path(folder, name), stat.S_IRUSR | stat.S_IWUSR)
 
     def read_file(self, name: str, max_bytes: int = 1 << 20) -> bytes:
         """Up to `max_bytes` of a regular workspace file; FileNotFoundError / IsADirectoryError /
