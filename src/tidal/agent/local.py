@@ -8,6 +8,13 @@ of the episode's messages and tools, the rendering `tidal serve` uses for the sa
 tokens a trainer sees are the tokens the model produced, byte for byte, and `Completion.prompt_ids`
 of every turn is a prefix of the final list.
 
+Turns go to the engine through a `Batcher` (tidal.rollout.batcher): the turns of concurrent
+episodes (`tidal eval --concurrency C`) that wait while the engine is busy share its next call,
+up to `max_batch` rows. A greedy turn (temperature 0) reads no random numbers, so it is sent
+without a seed and batches freely, with the same tokens as alone. A sampled turn with a seed runs
+alone, because the engine draws a whole call from one random stream and sharing it would make an
+episode's tokens depend on its neighbours; a policy with `seed=None` batches sampled turns too.
+
 The observation segment is what the chat template writes after an assistant turn and before the
 next generation prompt: found by rendering a conversation with a sentinel assistant message with
 and without the answering messages, and keeping the difference. A
@@ -19,13 +26,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidal.agent.policy import Message, Turn
 from tidal.agent.render import answer_messages, calls_offered, render_messages
 from tidal.agent.toolcall import parse_tool_calls
 from tidal.errors import ModelLoadError
 from tidal.types import Task
+
+if TYPE_CHECKING:
+    from tidal.rollout.batcher import Batcher, JobResult
 
 SENTINEL = "\u2063tidal-sentinel\u2063"
 
@@ -88,13 +98,15 @@ class LocalConversation:
 
         policy = self.policy
         seed = None if self.seed is None else self.seed * 1_000_003 + self.turns
+        if policy.temperature == 0:
+            seed = None  # greedy draws nothing: no seed lets the turn share an engine call
         params = SamplingParams(temperature=policy.temperature, top_p=policy.top_p,
                                 max_new_tokens=max(1, max_new_tokens), stop=list(policy.stop), seed=seed)
         context = len(self.token_ids)
-        with policy.lock:  # one engine, many episodes: generate is not re-entrant
-            started, cpu = time.perf_counter(), time.process_time()
-            completion = policy.engine.generate([list(self.token_ids)], 1, params)[0][0]
-            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        started = time.perf_counter()
+        result = policy.generate(list(self.token_ids), params)
+        elapsed, cpu = time.perf_counter() - started, result.cpu_s  # the wait for the engine included
+        completion = result.completions[0][0]
         self.turns += 1
         self.token_ids += completion.token_ids
         self.mask += [1] * len(completion.token_ids)
@@ -124,13 +136,46 @@ class LocalPolicy:
     """A causal LM in this process. `engine` may be shared with an RL trainer (same weights)."""
 
     def __init__(self, engine: Any, tokenizer: Any, name: str = "local", temperature: float = 0.0,
-                 top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = 0) -> None:
+                 top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = 0,
+                 max_batch: int = 32, gather_s: float = 0.005) -> None:
         self.engine, self.tokenizer, self.name = engine, tokenizer, name
         self.temperature, self.top_p, self.stop, self.seed = temperature, top_p, list(stop or []), seed
+        self.max_batch = max_batch  # turns per engine call; 1: every turn alone
+        self.gather_s = gather_s  # how long a turn waits for others to share its call
         self.renderer = ObservationRenderer(tokenizer)
         for role in ("tool", "user"):  # fails now, not mid-eval, for a template that is not append-only
             self.renderer.text([{"role": role, "content": "probe"}], True)
-        self.lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._batcher: Batcher | None = None
+
+    def generate(self, prompt: list[int], params: Any) -> JobResult:
+        """One completion of `prompt`, generated in the engine call of whichever turns are waiting."""
+        from tidal.rollout.batcher import Batcher, Job
+
+        with self._lock:
+            if self._batcher is None:  # started on first use; its worker is the engine's only caller
+                self._batcher = Batcher(self.engine, self.max_batch, max_queue=1 << 16,
+                                        gather_s=self.gather_s if self.max_batch > 1 else 0.0)
+            batcher = self._batcher
+        done = threading.Event()
+        box: list[JobResult | BaseException] = []
+
+        def finish(result: JobResult | BaseException) -> None:
+            box.append(result)
+            done.set()
+
+        batcher.submit(Job([prompt], 1, params, on_done=finish))
+        done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def close(self) -> None:
+        """Stop the engine's worker thread (a later turn starts a new one)."""
+        with self._lock:
+            batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            batcher.close()
 
     @classmethod
     def load(cls, path: str, device: str = "auto", **options: Any) -> LocalPolicy:

@@ -15,7 +15,7 @@ when they persist, reported apart and retried by the next rerun; they never coun
 and every result written so far stays.
 
 Episodes run `concurrency` at a time in threads: they mostly wait on sandboxes or HTTP; a local
-model serialises its generate calls on one engine.
+model batches the turns that wait for its engine into shared calls (agent/local.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ See docs/design/serve.md for the endpoints, the tool-call format, batching, limi
 """
 
 from tidal.serve.app import ServerState, create_app
-from tidal.serve.batcher import Batcher, Job, JobResult, QueueFull
+from tidal.rollout.batcher import Batcher, Job, JobResult, QueueFull
 from tidal.serve.chat import ParsedOutput, ToolCall, parse_tool_calls, render_messages
 from tidal.serve.schemas import ApiError, ServeLimits
 from tidal.serve.server import RunningServer, ServerStartError, build_state, serve_forever

@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from tidal.models import render_prompt
 from tidal.rollout import EmbeddedEngine, SamplingParams
-from tidal.serve.batcher import Batcher, Job, JobResult, QueueFull, ShuttingDown
+from tidal.rollout.batcher import Batcher, Job, JobResult, QueueFull, ShuttingDown
 from tidal.serve.chat import MessageError, ParsedOutput, parse_tool_calls, render_messages, tool_names
 from tidal.serve.metrics import CONTENT_TYPE, ServeMetrics
 from tidal.serve.responses import (

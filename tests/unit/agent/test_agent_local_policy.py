@@ -28,8 +28,8 @@ def test_the_trained_tokens_are_the_generated_tokens(bwrap: SandboxBackend) -> N
     prompts: list[list[int]] = []
     engine_generate = policy.engine.generate
 
-    def recording(prompts_in, n, params):  # the engine itself, with what it saw and made written down
-        out = engine_generate(prompts_in, n, params)
+    def recording(prompts_in, n, params, **options):  # the engine itself, with what it saw and made written down
+        out = engine_generate(prompts_in, n, params, **options)
         prompts.append(list(prompts_in[0]))
         generated.append(list(out[0][0].token_ids))
         return out

@@ -1,5 +1,8 @@
 """Request batching: one worker thread owns the engine and serves queued requests in batches.
 
+Used by `tidal serve` (one job per HTTP request) and by `LocalPolicy` (one job per agent turn, so
+the turns of concurrent episodes share engine calls).
+
 The engine samples a whole batch with one set of `SamplingParams` and one random generator, so a
 batch holds requests whose parameters match exactly (n, temperature, top_p, max_tokens, stop).
 The worker always takes the oldest waiting request, then every other waiting request with the same
@@ -7,12 +10,16 @@ parameters while the batch stays within `max_batch` rows: no request waits behin
 another kind, and no timer delays a lone request. Requests arriving while the engine is busy pile
 up and go together in the next call, which is where the throughput under concurrency comes from.
 
+A `gather_s` window (0 for the server) lets the worker wait that long for a call to fill before
+it starts, which agent episodes running in step need: their turns arrive a few ms apart.
+
 A request with a `seed` is always generated alone, as exactly the call `engine.generate(prompts, n,
 params)` a user would make in process, so it returns the same completions as that call (sharing a
 batch would share the random stream and change the padding).
 
 The queue is bounded (`max_queue`): `submit` raises `QueueFull` beyond it, and the server answers
-503. A request whose client went away is dropped when the worker reaches it.
+503. A request whose client went away is dropped when the worker reaches it. Each job's result
+carries its share (by rows) of the process CPU time its engine call took.
 """
 
 from __future__ import annotations
@@ -23,11 +30,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
-from tidal.rollout import EmbeddedEngine, SamplingParams
-from tidal.serve.metrics import ServeMetrics
+from tidal.rollout.engine import EmbeddedEngine, SamplingParams
 from tidal.types import Completion
 
 logger = logging.getLogger(__name__)
@@ -44,10 +51,21 @@ class ShuttingDown(Exception):
     """The server is stopping and takes no more work."""
 
 
+class BatchMetrics(Protocol):
+    """Prometheus-style instruments the batcher reports to (serve's `ServeMetrics`)."""
+
+    queue_depth: Any  # .set(waiting jobs)
+    queue_wait: Any  # .observe(seconds a job waited)
+    batch_rows: Any  # .observe(rows per engine call)
+    batch_requests: Any  # .observe(jobs per engine call)
+
+
 @dataclass
 class JobResult:
     completions: list[list[Completion]]  # per prompt, its n completions
     top_logprobs: TopLogprobs | None  # when the job asked for top_logprobs > 0
+    cpu_s: float = 0.0  # this job's share (by rows) of the process CPU seconds of its engine call
+    batch_jobs: int = 1  # jobs that shared the engine call
 
 
 @dataclass
@@ -82,15 +100,19 @@ class Job:
 class Batcher:
     """Owns `engine` on one worker thread; `submit` queues a job, the worker runs batches of them."""
 
-    def __init__(self, engine: EmbeddedEngine, max_batch: int, max_queue: int, metrics: ServeMetrics) -> None:
+    def __init__(self, engine: EmbeddedEngine, max_batch: int, max_queue: int,
+                 metrics: BatchMetrics | None = None, gather_s: float = 0.0) -> None:
         self.engine = engine
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.metrics = metrics
+        # How long the worker waits for more jobs before a call that is not full (0: it starts at
+        # once). Agent episodes in step submit their turns a few ms apart.
+        self.gather_s = gather_s
         self._queue: deque[Job] = deque()
         self._condition = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="tidal-serve-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="tidal-engine-batcher", daemon=True)
         self._thread.start()
 
     def submit(self, job: Job) -> None:
@@ -103,7 +125,8 @@ class Batcher:
             if len(self._queue) >= self.max_queue:
                 raise QueueFull(f"{len(self._queue)} requests are waiting (max_queue={self.max_queue})")
             self._queue.append(job)
-            self.metrics.queue_depth.set(len(self._queue))
+            if self.metrics is not None:
+                self.metrics.queue_depth.set(len(self._queue))
             self._condition.notify()
 
     def depth(self) -> int:
@@ -130,8 +153,13 @@ class Batcher:
                     self._condition.wait()
                 if self._closed:
                     return
+                deadline = time.monotonic() + self.gather_s
+                while (not self._closed and sum(job.rows for job in self._queue) < self.max_batch
+                       and time.monotonic() < deadline):
+                    self._condition.wait(deadline - time.monotonic())
                 batch = self._take()
-                self.metrics.queue_depth.set(len(self._queue))
+                if self.metrics is not None:
+                    self.metrics.queue_depth.set(len(self._queue))
             if batch:
                 self._execute(batch)
 
@@ -162,12 +190,14 @@ class Batcher:
         prompts: list[list[int]] = []
         owners: list[tuple[Job, int]] = []  # engine prompt index -> (job, the job's prompt index)
         for job in batch:
-            self.metrics.queue_wait.observe(started - job.enqueued_at)
+            if self.metrics is not None:
+                self.metrics.queue_wait.observe(started - job.enqueued_at)
             for index, prompt in enumerate(job.prompts):
                 prompts.append(prompt)
                 owners.append((job, index))
-        self.metrics.batch_rows.observe(len(prompts) * batch[0].n)
-        self.metrics.batch_requests.observe(len(batch))
+        if self.metrics is not None:
+            self.metrics.batch_rows.observe(len(prompts) * batch[0].n)
+            self.metrics.batch_requests.observe(len(batch))
 
         def dispatch(prompt: int, sample: int, token: int) -> None:
             job, index = owners[prompt]
@@ -175,8 +205,10 @@ class Batcher:
                 job.on_token(index, sample, token)
 
         streaming = any(job.on_token is not None for job in batch)
+        cpu = time.process_time()
         try:
             results = self.engine.generate(prompts, n=batch[0].n, params=batch[0].params, on_token=dispatch if streaming else None)
+            cpu = time.process_time() - cpu
         except Exception as error:  # every waiting client must hear of the failure
             logger.exception("engine.generate failed for a batch of %d request(s)", len(batch))
             for job in batch:
@@ -192,7 +224,8 @@ class Batcher:
                 logger.exception("top_logprobs failed")
                 job.on_done(error)
                 continue
-            job.on_done(JobResult(completions=completions, top_logprobs=top))
+            job.on_done(JobResult(completions=completions, top_logprobs=top, cpu_s=cpu * len(job.prompts) / len(prompts),
+                                  batch_jobs=len(batch)))
 
     @torch.inference_mode()
     def _top_logprobs(self, completions: list[list[Completion]], job: Job) -> TopLogprobs:
