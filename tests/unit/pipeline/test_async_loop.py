@@ -4,6 +4,11 @@ Checked from the run folder and its trajectory store, never from timings."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -227,3 +232,77 @@ def test_a_trainer_that_stops_publishing_times_the_sampler_out(tmp_path: Path, m
         _run(tmp_path, "timeout", "pipeline.mode=async", "algorithm.max_staleness=0", "pipeline.weight_timeout_s=1")
     steps = [m["step"] for m in RunFolder.open(tmp_path / "timeout").read_metrics() if m.get("phase") == "rl"]
     assert steps == [1]  # the update that was running finished; none came after it
+
+
+# Kill -9 of each part of a run. The Ray actors are killed by their process ids (`ray.kill` would
+# be a polite stop, not a crash); the trainer is the driver process itself.
+
+
+def _ray_actor(run_name: str, role: str) -> Any:
+    """The live Ray actor of run `run_name` in `role` (rollout, scorer-0, ...)."""
+    import ray
+
+    from tidal.pipeline.backends.ray import NAMESPACE
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["name"].startswith(f"{run_name}/") and a["name"].endswith(f"/{role}")]
+    assert len(names) == 1, names
+    return ray.get_actor(names[0], namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize("role", ["rollout", "scorer-0"])
+def test_a_ray_worker_killed_mid_run_is_restarted_and_every_id_trains_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_cluster: str, role: str
+) -> None:
+    """The trainer, before its second update, kills the actor with SIGKILL; Ray restarts it, the
+    call in flight is retried, the rollout actor reloads and re-verifies the weights, and the run
+    finishes with every kept id trained exactly once."""
+    import ray
+
+    original = Trainer.rl_step
+    killed: list[int] = []
+
+    def kill_before_second_update(self: Trainer, batch: Any, replay: Any = None) -> dict[str, float]:
+        if self.updates == 1:
+            pid = ray.get(_ray_actor("kill", role).pid.remote(), timeout=60)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return original(self, batch, replay)
+
+    monkeypatch.setattr(Trainer, "rl_step", kill_before_second_update)
+    run = _run(tmp_path, "kill", "pipeline.mode=async", "algorithm.max_staleness=1", "pipeline.backend=ray",
+               f"pipeline.ray_address={ray_cluster}", "pipeline.worker_restarts=1")
+    assert len(killed) == 1
+    rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
+    assert [m["step"] for m in rows] == list(range(1, STEPS + 1))
+    kind = role.split("-")[0]
+    assert rows[-1][f"restarts/{kind}"] == 1  # a new process answered after the kill
+    _assert_exactly_once(_store(run), bound=1)
+
+
+def test_a_trainer_killed_mid_run_resumes_from_its_folder(tmp_path: Path, backend: list[str]) -> None:
+    """SIGKILL the driver (trainer) process after its second update; `tidal train RUN` resumes it
+    from the run folder and every kept id is trained exactly once."""
+    overrides = [f"trainer.steps={STEPS}", *KEEP_ALL, "pipeline.mode=async", "algorithm.max_staleness=1", *backend]
+    script = (
+        "import sys; from pathlib import Path; from tidal.pipeline import quickstart as qs; "
+        "qs.run_quickstart(qs.find_config('smoke'), sys.argv[2:], Path(sys.argv[1]), 'killed')"
+    )
+    log = (tmp_path / "driver.log").open("w")
+    driver = subprocess.Popen([sys.executable, "-c", script, str(tmp_path), *overrides], stdout=log, stderr=log)
+    metrics, deadline = tmp_path / "killed" / "metrics.jsonl", time.monotonic() + 600
+    while driver.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and any(json.loads(line).get("phase") == "rl" and json.loads(line)["step"] >= 2
+                                    for line in metrics.read_text().splitlines() if line.strip()):
+            break
+        time.sleep(0.2)
+    assert driver.poll() is None, f"the run ended before it could be killed:\n{(tmp_path / 'driver.log').read_text()[-3000:]}"
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait(timeout=60)
+    run = RunFolder.open(tmp_path / "killed")
+    assert max(m["step"] for m in run.read_metrics() if m.get("phase") == "rl") < STEPS
+
+    qs.run_training(run.path, [])
+    steps = [m["step"] for m in run.read_metrics() if m.get("phase") == "rl"]
+    assert set(steps) == set(range(1, STEPS + 1)) and steps[-1] == STEPS
+    _assert_exactly_once(_store(run), bound=1)
