@@ -1,12 +1,12 @@
 """`LocalPolicy`: a local checkpoint (or the tiny model) through the EmbeddedEngine, token-in/token-out.
 
-The episode is one running list of token ids. Each turn generates from the whole list and appends
-exactly the sampled tokens (mask 1, with their sampler logprobs); the messages answering the turn
-(`render.answer_messages`: tool results, or the error of an invalid turn) are appended as an
-observation segment (mask 0) tokenised on its own. The opening prompt is `render.render_messages`
-of the episode's messages and tools, the rendering `tidal serve` uses for the same conversation. Earlier turns are never re-tokenised, so the
-tokens a trainer sees are the tokens the model produced, byte for byte, and `Completion.prompt_ids`
-of every turn is a prefix of the final list.
+The episode is one running list of token ids. The opening prompt is `render.render_messages` of
+the episode's messages and tools (the rendering `tidal serve` uses for the same conversation).
+Each turn generates from the whole list and appends exactly the sampled tokens (mask 1, with their
+sampler logprobs); the messages answering the turn (`render.answer_messages`: tool results, or the
+error of an invalid turn) are appended as an observation segment (mask 0) tokenised on its own.
+Earlier turns are never re-tokenised, so the tokens a trainer sees are the tokens the model
+produced, byte for byte, and `Completion.prompt_ids` of every turn is a prefix of the final list.
 
 Turns go to the engine through a `Batcher` (tidal.rollout.batcher): the turns of concurrent
 episodes (`tidal eval --concurrency C`) that wait while the engine is busy share its next call,
@@ -17,9 +17,9 @@ episode's tokens depend on its neighbours; a policy with `seed=None` batches sam
 
 The observation segment is what the chat template writes after an assistant turn and before the
 next generation prompt: found by rendering a conversation with a sentinel assistant message with
-and without the answering messages, and keeping the difference. A
-template for which that difference is not a pure suffix (one that rewrites earlier turns) cannot
-be used token-in/token-out, and `LocalPolicy` says so when it starts.
+and without the answering messages, and keeping the difference. A template for which that
+difference is not a pure suffix (one that rewrites earlier turns) cannot be used
+token-in/token-out, and `LocalPolicy` says so when it starts.
 """
 
 from __future__ import annotations

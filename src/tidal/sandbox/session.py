@@ -216,8 +216,10 @@ class SandboxSession:
             last = index == len(relative.parts) - 1
             real_folder = path.is_dir() and not path.is_symlink()
             if last or not real_folder:
-                if last or blockers:
-                    remove_tree(path) if real_folder else path.unlink()
+                if (last or blockers) and real_folder:
+                    remove_tree(path)
+                elif last or blockers:
+                    path.unlink()
                 return
 
     def _grant_owner_access(self) -> None:
