@@ -12,6 +12,7 @@ import torch
 
 from tidal.config.schema import ModelConfig, TinyModelConfig
 from tidal.models import LoadedModel, load_model
+from tidal.pipeline.quickstart import find_config
 from tidal.pipeline.weights import (
     UNLOADED,
     WeightChannel,
@@ -125,3 +126,33 @@ def test_waiting_for_weights_times_out_instead_of_hanging(trainer_model: LoadedM
     assert channel.wait_for(2, timeout_s=10, stop=stop, poll_s=0.05) is later
     stop.set()
     assert channel.wait_for(9, timeout_s=10, stop=stop) is None  # stopped: no error, no wait
+
+
+def test_the_ray_rollout_actor_verifies_what_it_fetched(trainer_model: LoadedModel, ray_cluster: str) -> None:
+    """Through the object store and into a Ray actor: a corrupted version is refused there (the
+    typed error reaches the driver), a good one is loaded and generates."""
+    import ray
+
+    from tidal.config import load_config
+    from tidal.pipeline.backends.ray import NAMESPACE, RayRollout, RolloutActor
+    from tidal.types import Task
+
+    ray.init(address=ray_cluster, namespace=NAMESPACE)
+    try:
+        cfg = load_config(find_config("smoke"), ["rollout.group_size=2", "rollout.max_new_tokens=4"])
+        policy = ray.put((copy.deepcopy(trainer_model.model), trainer_model.tokenizer))
+        actor = ray.remote(num_cpus=1)(RolloutActor).remote(cfg, "run", [policy], "cpu")
+        rollout = RayRollout(ray, actor, cfg.pipeline, policy)
+        task = Task(id="t1", domain="math", prompt="1 + 1?", verifier={"name": "exact_match", "answer": "2"})
+        ids = canary_ids(trainer_model.tokenizer)
+
+        corrupted = publish(trainer_model.model, 4, ids)
+        assert corrupted.state is not None
+        corrupted.state[max(corrupted.state)].view(-1)[0] += 0.5
+        with pytest.raises(WeightVerificationError, match=r"weight version 4: checksum mismatch"):
+            rollout.sample([task], 0, corrupted)
+        episodes = rollout.sample([task], 0, publish(trainer_model.model, 5, ids))
+        assert [e.completion.weight_version for e in episodes] == [5, 5]
+        assert [e.id for e in episodes] == ["run/step-000000/g000/s00", "run/step-000000/g000/s01"]
+    finally:
+        ray.shutdown()
