@@ -142,6 +142,9 @@ class Completion:
     text: str  # decoded completion, stop strings/tokens removed
     finish_reason: FinishReason
     weight_version: int
+    # Multi-turn (agent) episodes: (len(token_ids),) 1 on tokens the model generated, 0 on the tool
+    # results between its turns (their logprobs are 0 and they are never trained); None = all 1.
+    loss_mask: list[int] | None = None
 
 
 @dataclass

@@ -49,6 +49,12 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(64, ge=1, le=1 << 16, description="completion length cap")
     stop: list[str] = Field(default_factory=list, description="extra stop strings")
     batch_prompts: int = Field(64, ge=1, le=4096, description="prompts generated together in one batch")
+    agent_concurrency: int = Field(
+        8, ge=1, le=4096, description="multi-turn (agent) episodes run at once; their turns share engine calls"
+    )
+    agent_max_tokens: int = Field(
+        2048, ge=16, le=1 << 20, description="context tokens an agent episode may reach (prompt, turns, tool results)"
+    )
 
 
 class DomainVerifier(Section):

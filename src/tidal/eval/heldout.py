@@ -21,6 +21,28 @@ from tidal.rollout.engine import EmbeddedEngine, SamplingParams
 from tidal.types import Outcome, Task
 
 
+def _record(task: Task, scores: list[Any], completion_tokens: int, answers: list[str], seconds: float,
+            quarantined: frozenset[str] | set[str]) -> dict[str, Any]:
+    outcomes = Counter(s.outcome.value for s in scores)
+    valid = [s for s in scores if s.outcome is not Outcome.INFRA_ERROR]
+    passed = sum(s.outcome is Outcome.PASSED for s in valid)
+    return {
+        "task_id": task.id,
+        "domain": task.domain,
+        "quarantined": task.id in quarantined,
+        "difficulty": task.difficulty,
+        "samples": len(scores),
+        "scored": len(valid),
+        "passed": passed,
+        "pass_rate": passed / len(valid) if valid else None,
+        "mean_reward": sum(s.value for s in valid) / len(valid) if valid else None,
+        "outcomes": dict(outcomes),
+        "completion_tokens": completion_tokens,
+        "answers": answers[:2],
+        "seconds": seconds,
+    }
+
+
 def evaluate_policy(
     engine: EmbeddedEngine,
     tasks: Sequence[Task],
@@ -35,45 +57,52 @@ def evaluate_policy(
     batch_prompts: int = 64,
     on_progress: Callable[[int, int], None] | None = None,
     quarantined: frozenset[str] | set[str] = frozenset(),
+    agent_backend: str = "bwrap",
+    agent_concurrency: int = 8,
+    agent_max_tokens: int = 2048,
 ) -> list[dict[str, Any]]:
-    """One record per task: pass rate, mean reward, outcome counts and two sample answers."""
-    records: list[dict[str, Any]] = []
-    prompts = [render_prompt(engine.tokenizer, task.messages()) for task in tasks]
-    for start in range(0, len(tasks), batch_prompts):
-        chunk = list(tasks[start : start + batch_prompts])
+    """One record per task (in task order): pass rate, mean reward, outcome counts and two sample
+    answers. Multi-turn (agent) tasks run as episodes (`max_new_tokens` per turn, `agent_*`: the
+    sandbox backend, episodes at once, context budget) and are judged by their acceptance tests."""
+    from tidal.pipeline.agent_rollout import is_multi_turn
+
+    single = [task for task in tasks if not is_multi_turn(task)]
+    multi = [task for task in tasks if is_multi_turn(task)]
+    by_id: dict[str, dict[str, Any]] = {}
+    prompts = [render_prompt(engine.tokenizer, task.messages()) for task in single]
+    for start in range(0, len(single), batch_prompts):
+        chunk = single[start : start + batch_prompts]
         params = SamplingParams(
             temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, stop=stop, seed=seed + start
         )
         began = time.perf_counter()
         groups = engine.generate(prompts[start : start + batch_prompts], samples_per_task, params)
-        items = [(task, c.text) for task, group in zip(chunk, groups) for c in group]
-        scores = score_many(items)
+        scores = score_many([(task, c.text) for task, group in zip(chunk, groups) for c in group])
         elapsed = time.perf_counter() - began
         for i, (task, group) in enumerate(zip(chunk, groups)):
             task_scores = scores[i * samples_per_task : (i + 1) * samples_per_task]
-            outcomes = Counter(s.outcome.value for s in task_scores)
-            valid = [s for s in task_scores if s.outcome is not Outcome.INFRA_ERROR]
-            passed = sum(s.outcome is Outcome.PASSED for s in valid)
-            records.append(
-                {
-                    "task_id": task.id,
-                    "domain": task.domain,
-                    "quarantined": task.id in quarantined,
-                    "difficulty": task.difficulty,
-                    "samples": len(task_scores),
-                    "scored": len(valid),
-                    "passed": passed,
-                    "pass_rate": passed / len(valid) if valid else None,
-                    "mean_reward": sum(s.value for s in valid) / len(valid) if valid else None,
-                    "outcomes": dict(outcomes),
-                    "completion_tokens": sum(len(c.token_ids) for c in group),
-                    "answers": [c.text for c in group[:2]],
-                    "seconds": elapsed / len(chunk),
-                }
-            )
+            by_id[task.id] = _record(task, task_scores, sum(len(c.token_ids) for c in group),
+                                     [c.text for c in group], elapsed / len(chunk), quarantined)
         if on_progress:
-            on_progress(min(start + batch_prompts, len(tasks)), len(tasks))
-    return records
+            on_progress(len(by_id), len(tasks))
+    if multi:
+        from tidal.agent.sampling import sample_agent_results
+        from tidal.types import Score
+
+        began = time.perf_counter()
+        results = sample_agent_results(engine, multi, samples_per_task, temperature=temperature, top_p=top_p,
+                                       stop=stop, max_new_tokens=max_new_tokens, max_tokens=agent_max_tokens,
+                                       seed=seed, backend=agent_backend, concurrency=agent_concurrency)
+        elapsed = time.perf_counter() - began
+        for task, episodes in zip(multi, results):
+            scores = [r.score if r.reward is not None else Score(0.0, Outcome.INFRA_ERROR, detail=r.detail)
+                      for r in episodes]
+            tokens = sum(int(r.totals()["tokens_out"]) for r in episodes)
+            answers = [(r.steps[-1].text if r.steps else "") for r in episodes]
+            by_id[task.id] = _record(task, scores, tokens, answers, elapsed / len(multi), quarantined)
+        if on_progress:
+            on_progress(len(by_id), len(tasks))
+    return [by_id[task.id] for task in tasks]
 
 
 def pass_rates(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:

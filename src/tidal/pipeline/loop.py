@@ -21,6 +21,7 @@ from tidal.audit.continuous import TaskWatch
 from tidal.config.schema import TidalConfig
 from tidal.gate import gate_episodes
 from tidal.models.io import render_prompt
+from tidal.pipeline.agent_rollout import is_multi_turn, sample_agent_episodes
 from tidal.pipeline.domains import DomainRuntime
 from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import EmbeddedEngine, SamplingParams
@@ -52,7 +53,9 @@ class LoopParts:
 
 
 def sample_episodes(parts: LoopParts, tasks: list[Task], step: int) -> list[Episode]:
-    """Generate a group of `group_size` completions for each task, with the current weights."""
+    """Generate a group of `group_size` completions for each task, with the current weights: one
+    engine call per `batch_prompts` single-answer tasks (the prompt prefilled once per group), and
+    multi-turn episodes for agent tasks (pipeline/agent_rollout.py). Episodes come in task order."""
     cfg = parts.config
     params = SamplingParams(
         temperature=cfg.rollout.temperature,
@@ -61,25 +64,26 @@ def sample_episodes(parts: LoopParts, tasks: list[Task], step: int) -> list[Epis
         stop=list(cfg.rollout.stop),
         seed=cfg.run.seed * 1_000_003 + step,
     )
-    prompts = [render_prompt(parts.engine.tokenizer, task.messages()) for task in tasks]
-    episodes: list[Episode] = []
-    for start in range(0, len(tasks), cfg.rollout.batch_prompts):
+    single = [(index, task) for index, task in enumerate(tasks) if not is_multi_turn(task)]
+    by_index: dict[int, list[Episode]] = {}
+    prompts = [render_prompt(parts.engine.tokenizer, task.messages()) for _, task in single]
+    for start in range(0, len(single), cfg.rollout.batch_prompts):
         groups = parts.engine.generate(prompts[start : start + cfg.rollout.batch_prompts], cfg.rollout.group_size, params)
-        for offset, group in enumerate(groups):
-            index = start + offset
-            task = tasks[index]
+        for (index, task), group in zip(single[start : start + cfg.rollout.batch_prompts], groups):
             group_id = f"{parts.run.name}/step-{step:06d}/g{index:03d}"
-            for k, completion in enumerate(group):
-                episodes.append(
-                    Episode(
-                        id=f"{group_id}/s{k:02d}",
-                        task_id=task.id,
-                        domain=task.domain,
-                        group_id=group_id,
-                        completion=completion,
-                        difficulty=_difficulty(task),
-                    )
-                )
+            by_index[index] = [
+                Episode(id=f"{group_id}/s{k:02d}", task_id=task.id, domain=task.domain, group_id=group_id,
+                        completion=completion)
+                for k, completion in enumerate(group)
+            ]
+    multi = [(index, task) for index, task in enumerate(tasks) if is_multi_turn(task)]
+    for episode in sample_agent_episodes(parts, multi, step):
+        by_index.setdefault(int(episode.group_id.rsplit("/g", 1)[1]), []).append(episode)
+    episodes: list[Episode] = []
+    for index, task in enumerate(tasks):
+        for episode in by_index.get(index, []):
+            episode.difficulty = _difficulty(task)
+            episodes.append(episode)
     return episodes
 
 
@@ -137,8 +141,9 @@ def score_and_gate(
     sampling), normalise the rewards and assign advantages. Returns the drop counts by reason."""
     cfg = parts.config
     mark = time.perf_counter()
-    scores = parts.scorer.score_many([(tasks_by_id[e.task_id], e.completion.text) for e in episodes])
-    for episode, score in zip(episodes, scores):
+    unscored = [e for e in episodes if e.score is None]  # agent episodes come with their acceptance verdict
+    scores = parts.scorer.score_many([(tasks_by_id[e.task_id], e.completion.text) for e in unscored])
+    for episode, score in zip(unscored, scores):
         episode.score = score
     if parts.domains is not None:
         parts.domains.compose(parts.scorer, episodes, tasks_by_id)

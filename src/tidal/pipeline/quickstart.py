@@ -211,7 +211,8 @@ class Job:
             top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens, stop=list(cfg.rollout.stop),
             seed=cfg.run.seed + 7_777, batch_prompts=cfg.rollout.batch_prompts,
             on_progress=lambda done, total: progress.update(f"eval {tag}"[:12], done),
-            quarantined=self.quarantined,
+            quarantined=self.quarantined, agent_backend=cfg.reward.sandbox.backend,
+            agent_concurrency=cfg.rollout.agent_concurrency, agent_max_tokens=cfg.rollout.agent_max_tokens,
         )
         TrajectoryWriter(self.run).write_eval(tag, records)
         self.mark(f"eval_{tag}")

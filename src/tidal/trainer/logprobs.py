@@ -88,7 +88,8 @@ def token_logprobs(
 def collate(episodes: list[Episode], pad_id: int, device: torch.device | str = "cpu") -> TrainBatch:
     """Right-padded tensors for training on the completions of `episodes`.
 
-    Each row is prompt_ids + token_ids; `completion_mask` is 1 on the completion tokens and
+    Each row is prompt_ids + token_ids; `completion_mask` is 1 on the completion tokens (only on
+    the generated ones when the completion has a `loss_mask`: a multi-turn episode) and
     `old_logprobs` holds the sampler's logprob of each completion token at its position.
     `rewards` (B,) holds each episode's `episode_reward` (NaN when it has no valid reward), which
     the `gae` estimator turns into per-token rewards.
@@ -105,6 +106,8 @@ def collate(episodes: list[Episode], pad_id: int, device: torch.device | str = "
             )
         if not c.prompt_ids:
             raise ValueError(f"episode {episode.id}: empty prompt_ids (the first token has no logprob)")
+        if c.loss_mask is not None and len(c.loss_mask) != len(c.token_ids):
+            raise ValueError(f"episode {episode.id}: {len(c.token_ids)} completion tokens but a loss mask of {len(c.loss_mask)}")
         lengths.append(len(c.prompt_ids) + len(c.token_ids))
     batch, length = len(episodes), max(lengths)
     input_ids = torch.full((batch, length), pad_id, dtype=torch.long)  # (B, T)
@@ -116,7 +119,10 @@ def collate(episodes: list[Episode], pad_id: int, device: torch.device | str = "
         start, end = len(c.prompt_ids), lengths[b]
         input_ids[b, :end] = torch.tensor(c.prompt_ids + c.token_ids, dtype=torch.long)
         attention_mask[b, :end] = 1
-        completion_mask[b, start:end] = 1.0
+        if c.loss_mask is None:
+            completion_mask[b, start:end] = 1.0
+        else:  # a multi-turn episode: tool results between the model's turns are not trained
+            completion_mask[b, start:end] = torch.tensor(c.loss_mask, dtype=torch.float32)
         old_logprobs[b, start:end] = torch.tensor(c.logprobs, dtype=torch.float32)
     advantages = torch.tensor([e.advantage for e in episodes], dtype=torch.float32)  # (B,)
     rewards = torch.tensor(

@@ -1,0 +1,67 @@
+"""Multi-turn rollouts for RL: the `agent` domain through the episode runner (tidal.agent).
+
+A task with tools or more than one step is not sampled as one completion: each of its
+`group_size` samples is an episode of `run_episode` in a sandbox session, with the loop's engine
+behind a `LocalPolicy` (token-in/token-out: the episode is one running list of token ids; the
+model's turns are appended exactly as sampled, tool results are appended with mask 0). The
+episode becomes an `Episode` whose completion is everything after the first prompt, with a
+`loss_mask` so only the model's own tokens train, and whose score is the acceptance verdict; the
+loop's scorer leaves such an episode alone. The group's episodes, and the groups of one step, run
+concurrently (`rollout.agent_concurrency`), their turns batched into shared engine calls.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tidal.types import Completion, Episode, Outcome, Score, Task
+
+if TYPE_CHECKING:
+    from tidal.agent.records import AgentResult
+    from tidal.pipeline.loop import LoopParts
+
+
+def is_multi_turn(task: Task) -> bool:
+    """Whether a task is an agent episode (tools, or more than one step) rather than one answer."""
+    return task.domain == "agent" or bool(task.tools) or task.max_steps > 1
+
+
+def episode_from_result(result: AgentResult, episode_id: str, group_id: str, version: int) -> Episode:
+    """The trainable record of one agent episode. Its completion starts after the first prompt;
+    `weight_version` is the oldest weights any of its turns used."""
+    trace = result.trace
+    prompt = list(trace.get("prompt_ids", []))
+    tokens = list(trace.get("token_ids", []))[len(prompt):]
+    mask = list(trace.get("mask", []))[len(prompt):]
+    logprobs = list(trace.get("logprobs", []))[len(prompt):]
+    turns = [m["content"] for m in trace.get("messages", []) if m.get("role") == "assistant"]
+    versions = trace.get("weight_versions") or [version]
+    score = result.score
+    if score is None or result.reward is None:  # the episode says nothing about the model
+        score = Score(0.0, Outcome.INFRA_ERROR, detail=f"agent episode: {result.outcome.value}: {result.detail}"[:2000])
+    completion = Completion(prompt_ids=prompt, token_ids=tokens, logprobs=logprobs, text="\n".join(turns),
+                            finish_reason="stop", weight_version=min(versions), loss_mask=mask)
+    episode = Episode(id=episode_id, task_id=result.task_id, domain=result.domain, group_id=group_id,
+                      completion=completion, score=score)
+    episode.timings.update({"agent_steps": float(len(result.steps)), "agent_wall_s": result.wall_s})
+    return episode
+
+
+def sample_agent_episodes(parts: LoopParts, tasks: list[tuple[int, Task]], step: int) -> list[Episode]:
+    """`group_size` episodes of each (index, task), in the order of `tasks` then sample."""
+    from tidal.agent.sampling import sample_agent_results
+
+    cfg = parts.config
+    groups = sample_agent_results(
+        parts.engine, [task for _, task in tasks], cfg.rollout.group_size,
+        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, stop=list(cfg.rollout.stop),
+        max_new_tokens=cfg.rollout.max_new_tokens, max_tokens=cfg.rollout.agent_max_tokens,
+        seed=cfg.run.seed * 1_000_003 + step, backend=cfg.reward.sandbox.backend,
+        concurrency=cfg.rollout.agent_concurrency,
+    )
+    episodes = []
+    for (index, _), results in zip(tasks, groups):
+        group_id = f"{parts.run.name}/step-{step:06d}/g{index:03d}"
+        for k, result in enumerate(results):
+            episodes.append(episode_from_result(result, f"{group_id}/s{k:02d}", group_id, parts.engine.weight_version))
+    return episodes
