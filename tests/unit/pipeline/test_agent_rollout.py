@@ -59,8 +59,8 @@ def test_agent_episodes_train_only_their_generated_tokens() -> None:
 
 def test_a_run_with_an_agent_domain_trains_on_its_episodes(tmp_path: Path) -> None:
     overrides = [
-        "tasks.domains={agent: {family: agent, n_train: 4, n_eval: 2, max_difficulty: 1}, "
-        "math: {family: math, n_train: 8, n_eval: 2, max_difficulty: 1}}",
+        ("tasks.domains={agent: {family: agent, n_train: 4, n_eval: 2, max_difficulty: 1}, "
+        "math: {family: math, n_train: 8, n_eval: 2, max_difficulty: 1}}"),
         "tasks.tasks_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=12",
         "model.tiny.max_position=4096", "trainer.steps=2", "eval.samples_per_task=1",
         "gate.drop_zero_variance=false", "gate.drop_truncated=false", "gate.drop_empty=false",
