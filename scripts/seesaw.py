@@ -17,6 +17,7 @@ docs/experiments/seesaw.md, with the exact command, and nothing it did not measu
 
     python scripts/seesaw.py                      # configs/quickstart.yaml, 40 steps per arm
     python scripts/seesaw.py --steps 10 --out /tmp/seesaw --no-write
+    python scripts/seesaw.py --base runs/<quickstart run>   # reuse its warm start and eval before
 """
 
 from __future__ import annotations
@@ -143,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "quickstart.yaml")
     parser.add_argument("--steps", type=int, default=40, help="RL steps per arm")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "seesaw")
+    parser.add_argument("--base", type=Path, default=None,
+                        help="start from this run folder's warm start and evaluation before RL (e.g. a "
+                        "`tidal quickstart` run with the same config) instead of running them here")
     parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--no-write", action="store_true", help="print the table, do not write docs/experiments/seesaw.md")
     parser.add_argument("overrides", nargs="*", help="dotted overrides for every arm, e.g. trainer.lr=1e-4")
@@ -156,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     common = [*args.overrides, "run.progress=false"]
     base_dir = args.out / "base"
+    if args.base is not None and not (base_dir / "state.json").exists():
+        fresh_copy(args.base, base_dir)
     if not (base_dir / "state.json").exists() or "eval_before" not in json.loads((base_dir / "state.json").read_text()):
         if base_dir.exists():
             shutil.rmtree(base_dir)
