@@ -316,8 +316,8 @@ class PipelineConfig(Section):
     )
     ray_address: str | None = Field(
         None,
-        description="ray backend: the cluster to join (host:port, 'auto', ray://host:port); null = start a Ray "
-        "in this process",
+        description="ray backend: the cluster to join (host:port, ray://host:port, or 'auto': $RAY_ADDRESS or "
+        "this machine's cluster); null = start a new Ray in this process",
     )
     scorer_workers: int = Field(
         1, ge=1, le=256, description="async mode: scorers sharing each batch (each with sandbox.workers sandboxes)"

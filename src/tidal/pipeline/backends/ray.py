@@ -1,9 +1,10 @@
 """The Ray backend: the rollout worker and the scorers are Ray actors; the trainer, the loop's
 threads and the trajectory store stay in the driver (the calling process).
 
-`ray.init(address=pipeline.ray_address)` joins a cluster (`host:port`, `auto`, `ray://...`); no
-address starts a Ray inside this process. The same code runs either way. Every node must have
-tidal installed (the same version as the driver): the actors import it.
+`ray.init(address=pipeline.ray_address)` joins a cluster (`host:port`, `ray://...`, or `auto`:
+$RAY_ADDRESS or the cluster this machine runs); no address starts a new Ray inside this process.
+The same code runs either way. Every node must have tidal installed (the same version as the
+driver): the actors import it.
 
 What the actors are sent, explicitly:
 - the rollout actor: the config, the run's name (trajectory ids), a CPU copy of the model (its
@@ -218,8 +219,8 @@ class RayBackend:
         owns = not ray.is_initialized()
         if owns:
             try:
-                if pipeline.ray_address is None:
-                    ray.init(namespace=NAMESPACE, include_dashboard=False)
+                if pipeline.ray_address is None:  # "local": a new Ray here, even if $RAY_ADDRESS is set
+                    ray.init(address="local", namespace=NAMESPACE, include_dashboard=False)
                 else:
                     ray.init(address=pipeline.ray_address, namespace=NAMESPACE)
             except ConnectionError as error:
