@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -24,21 +26,28 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[str]:
-    """The address (127.0.0.1:port) of a Ray head node this session started, with 2 CPUs."""
+    """The address (127.0.0.1:port) of a Ray head node this session started, with 2 CPUs.
+
+    Token authentication with a fresh token, set in this process's environment (which the cluster,
+    its actors and any driver the tests start inherit): otherwise whether Ray asks for a token
+    depends on whether some earlier `ray.init()` left one in ~/.ray/auth_token, and a driver
+    without it cannot join."""
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed: pip install 'tidal[ray]' (scripts/setup.sh does)")
+    saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     ray_cli = str(Path(sys.executable).parent / "ray")
     port = _free_port()
     temp_dir = tempfile.mkdtemp(prefix="tidal-ray-")  # its own session folder, logs included
-    started = subprocess.run(
-        [ray_cli, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
-         "--include-dashboard=false", "--object-store-memory", str(300 * 2**20), "--temp-dir", temp_dir,
-         "--disable-usage-stats"],
-        capture_output=True, text=True, timeout=180, check=False,
-    )
-    if started.returncode:
-        pytest.fail(f"ray start failed ({started.returncode}):\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}")
     try:
+        started = subprocess.run(
+            [ray_cli, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+             "--include-dashboard=false", "--object-store-memory", str(300 * 2**20), "--temp-dir", temp_dir,
+             "--disable-usage-stats"],
+            capture_output=True, text=True, timeout=180, check=False,
+        )
+        if started.returncode:
+            pytest.fail(f"ray start failed ({started.returncode}):\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}")
         yield f"127.0.0.1:{port}"
     finally:
         import ray
@@ -47,6 +56,11 @@ def ray_cluster() -> Iterator[str]:
             ray.shutdown()
         # `ray stop` stops every Ray node of this machine: there is no other one in a test run.
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120, check=False)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @pytest.fixture(params=BACKENDS)

@@ -141,7 +141,7 @@ def test_the_ray_rollout_actor_verifies_what_it_fetched(trainer_model: LoadedMod
     try:
         cfg = load_config(find_config("smoke"), ["rollout.group_size=2", "rollout.max_new_tokens=4"])
         policy = ray.put((copy.deepcopy(trainer_model.model), trainer_model.tokenizer))
-        actor = ray.remote(num_cpus=1)(RolloutActor).remote(cfg, "run", [policy], "cpu")
+        actor = ray.remote(num_cpus=1)(RolloutActor).remote(cfg, "run", [policy], "cpu", 64)
         rollout = RayRollout(ray, actor, cfg.pipeline, policy)
         task = Task(id="t1", domain="math", prompt="1 + 1?", verifier={"name": "exact_match", "answer": "2"})
         ids = canary_ids(trainer_model.tokenizer)

@@ -93,13 +93,13 @@ class _RolloutParts:
 class RolloutActor:
     """Generates batches on its own copy of the policy (a Ray actor)."""
 
-    def __init__(self, config: TidalConfig, run_name: str, policy: list[Any], device: str) -> None:
+    def __init__(self, config: TidalConfig, run_name: str, policy: list[Any], device: str, max_batch_rows: int) -> None:
         import ray
 
         # `policy` holds the ref of (model, tokenizer), which the driver keeps alive for restarts.
         model, tokenizer = ray.get(policy[0])
         model = model.to(device).eval().requires_grad_(False)
-        engine = EmbeddedEngine(model, tokenizer, device)
+        engine = EmbeddedEngine(model, tokenizer, device, max_batch_rows)
         engine.weight_version = UNLOADED  # a new (or restarted) actor generates only with verified weights
         self.parts = _RolloutParts(config, engine, _RunName(run_name))
 
@@ -239,7 +239,7 @@ class RayBackend:
         rollout_options = {"num_cpus": 1, "num_gpus": 1 if device.type == "cuda" else 0}
         rollout = ray.remote(**restarts, **rollout_options)(RolloutActor).options(
             name=f"{tag}/rollout", namespace=NAMESPACE
-        ).remote(cfg, parts.run.name, [policy], device.type)
+        ).remote(cfg, parts.run.name, [policy], device.type, parts.engine.max_batch_rows)
         # Scorers mostly wait on their sandbox processes, which Ray does not schedule: no CPU reserved.
         scorer_class = ray.remote(**restarts, num_cpus=0)(ScorerActor)
         scorers = [
