@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 ZYGOTE_FILE = "tidal_zygote.py"
 ZYGOTE_SOURCE = (Path(__file__).parent / "zygote.py").read_text(encoding="utf-8")
+# Templates and companions (zygote_forks.py): a zygote has them when this file is among its harness files.
+FORKS_FILE = "tidal_zygote_forks.py"
+FORKS_SOURCE = (Path(__file__).parent / "zygote_forks.py").read_text(encoding="utf-8")
 CONTROL_ENV = "TIDAL_CONTROL_FD"  # must match zygote.py
 READY_S = 60.0  # how long the zygote may take to start and import the preloaded modules
 GRACE_S = 10.0  # beyond a job's timeout: for the zygote's sweep and clean-up, before it counts as hung
@@ -52,6 +55,36 @@ DIAGNOSTIC_CAP = 16 * 1024  # kept of the zygote's own stdout/stderr, for messag
 
 class ZygoteLost(Exception):
     """The zygote died, hung, said it is broken, or said something that does not add up."""
+
+
+@dataclass
+class Template:
+    """What the jobs of one task share, set up once per zygote (zygote.py, "Templates"): the
+    workspace the template process starts in (the job's files but the answer) and its report
+    channel's input. Jobs with the same `key` must differ only in files the template never reads."""
+
+    key: str
+    files: dict[str, str | bytes]
+    report_input: bytes
+
+
+@dataclass
+class Companion:
+    """A second process for a job, forked from the zygote (zygote.py, "Companions"): it calls `call`
+    ("module:function") with its end of a socket pair; `env_drop`: prefixes of the variables of the
+    job's environment it does not get (the harness's own, TIDAL_*, never)."""
+
+    call: str
+    env_drop: tuple[str, ...] = ()
+
+
+@dataclass
+class ZygoteJob(BatchJob):
+    """A `BatchJob` with what only a zygote that has zygote_forks.py does with it: a template to fork
+    it from, a companion. Elsewhere (a single run, a zygote without the file) it runs as it is."""
+
+    template: Template | None = None
+    companion: Companion | None = None
 
 
 def batch_flags(jobs: Sequence[BatchJob], python: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
@@ -93,7 +126,12 @@ class BatchDriver:
         self.control = control
         self.layout = layout
         self.diagnostics = {fd: Capped(DIAGNOSTIC_CAP) for fd in streams}
-        self.jobs = 0  # jobs handed to the zygote so far; job n runs in `<workspace>/<n>`
+        self.jobs = 0  # jobs handed to the zygote so far; job n runs in `<workspace>/<n>`...
+        self.forks = False  # whether the zygote has templates and companions
+        self.template: str | None = None  # the key of the template the zygote holds...
+        self.template_folder = ""  # ...whose jobs run in `<workspace>/<this>`, where it started
+        self.templates = 0  # templates started so far
+        self.unusable: set[str] = set()  # keys of templates that did not start here
         self.retired: str | None = None  # why the zygote must run nothing more, once it must not
 
     def start(self) -> None:
@@ -104,6 +142,7 @@ class BatchDriver:
             raise ZygoteLost(f"the zygote did not start: {ready}{self._tail()}")
         if ready.get("failed"):
             log.info("sandbox batch: preloading %s failed; the jobs import them themselves", ready["failed"])
+        self.forks = bool(ready.get("forks"))
 
     def run_job(self, job: BatchJob, module: str, args: list[str]) -> SandboxResult:
         """Run one job; ZygoteLost (and `retired` set) when the zygote cannot vouch for it. A
@@ -140,15 +179,24 @@ class BatchDriver:
 
     def _run_job(self, index: int, job: BatchJob, module: str, args: list[str]) -> SandboxResult:
         layout = self.layout
-        folder, inside = self._fresh_workspace(index)
+        template = getattr(job, "template", None) if self.forks and job.report_input is not None else None
+        if template is not None and template.key != self.template and template.key not in self.unusable:
+            self._open_template(job, template, module, args)
+        templated = template is not None and template.key == self.template
+        folder, inside = self._fresh_workspace(self.template_folder if templated else str(index))
         write_tree(folder, job.files)
         if layout.owner is not None:
             chown_tree(folder, *layout.owner)
-        message = {
+        message: dict[str, Any] = {
             "op": "run", "cwd": inside, "module": module, "args": args, "timeout_s": job.limits.timeout_s,
             "env": layout.env(job.env, inside, job.report_input is not None),
             "rlimits": layout.rlimits(job.limits),
         }
+        if templated:
+            message["template"] = self.template
+        companion = getattr(job, "companion", None) if self.forks else None
+        if companion is not None:
+            message["companion"] = {"call": companion.call, "env_drop": list(companion.env_drop)}
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         ours, theirs = socket.socketpair() if job.report_input is not None else (None, None)
@@ -179,6 +227,7 @@ class BatchDriver:
         elapsed = time.monotonic() - started
         if done.get("event") != "done":
             raise ZygoteLost(f"job {index}: unexpected message {done}")
+        self._held(done)
         if done.get("retire"):
             self.retired = f"job {index} left the sandbox changed: {done['retire']}"
         timed_out = bool(done.get("timed_out"))
@@ -211,9 +260,66 @@ class BatchDriver:
         remove_tree(folder)
         return result
 
-    def _receive(self, streams: dict[int, Capped], deadline: float, what: str) -> dict[str, Any]:
+    def _held(self, message: dict[str, Any]) -> None:
+        """What the zygote says it holds after a job: a template it dropped is gone."""
+        if message.get("template") != self.template:
+            self.template = None
+
+    def _open_template(self, job: BatchJob, template: Template, module: str, args: list[str]) -> None:
+        """Have the zygote start `template` in a folder of its own (where its jobs will run); a
+        template that does not start is not tried again here (its jobs run whole sessions)."""
+        layout = self.layout
+        name = f"t{self.templates}"
+        self.templates += 1
+        folder, inside = self._fresh_workspace(name)
+        write_tree(folder, template.files)
+        if layout.owner is not None:
+            chown_tree(folder, *layout.owner)
+        message = {
+            "op": "template", "key": template.key, "cwd": inside, "module": module, "args": args,
+            "timeout_s": job.limits.timeout_s, "env": layout.env(job.env, inside, True),
+            "rlimits": layout.rlimits(job.limits),
+        }
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        ours, theirs = socket.socketpair()
+        output = Capped(DIAGNOSTIC_CAP)
+        deadline = time.monotonic() + job.limits.timeout_s + GRACE_S
+        try:
+            try:
+                socket.send_fds(self.control, [json.dumps(message).encode()], [out_write, err_write, theirs.fileno()])
+            except OSError as error:
+                raise ZygoteLost(f"the zygote is gone ({error})") from error
+            finally:
+                for fd in (out_write, err_write):
+                    os.close(fd)
+                theirs.close()
+            _send_report_input(ours, template.report_input, deadline)
+            # A template that is ready keeps its output open (it writes nothing more): no waiting for its end.
+            reply = self._receive({out_read: output, err_read: output}, deadline, f"template {template.key[:12]}",
+                                  drain=lambda reply: not reply.get("ready"))
+        finally:
+            for fd in (out_read, err_read):
+                os.close(fd)
+            ours.close()
+        if reply.get("event") != "template":
+            raise ZygoteLost(f"template {template.key[:12]}: unexpected message {reply}")
+        if reply.get("retire"):
+            self.retired = f"a template left the sandbox changed: {reply['retire']}"
+        if reply.get("ready") and reply.get("template") == template.key:
+            self.template, self.template_folder = template.key, name
+        else:
+            self.template = None
+            self.unusable.add(template.key)
+            text = bytes(output.data).decode(errors="replace").strip()[-1000:]
+            log.info("sandbox zygote: template %s did not start (%s)%s; its jobs run whole sessions",
+                     template.key[:12], reply.get("detail"), f": {text}" if text else "")
+
+    def _receive(self, streams: dict[int, Capped], deadline: float, what: str,
+                 drain: Callable[[dict[str, Any]], bool] = lambda message: True) -> dict[str, Any]:
         """Read `streams` and the zygote's output until the zygote sends a message and `streams`
-        are closed (or have been drained for DRAIN_S after it); the message."""
+        are closed (or have been drained for DRAIN_S after it; not at all when `drain(message)` is
+        false); the message."""
         selector = selectors.DefaultSelector()
         open_streams = dict(streams)
         for fd, sink in {**self.diagnostics, **streams}.items():
@@ -238,7 +344,7 @@ class BatchDriver:
                         if message.get("event") == "broken":
                             raise ZygoteLost(f"the zygote gave up during {what}: {message.get('detail')}")
                         selector.unregister(key.fd)
-                        drain_until = time.monotonic() + DRAIN_S
+                        drain_until = time.monotonic() + (DRAIN_S if drain(message) else 0.0)
                         continue
                     try:
                         chunk = os.read(key.fd, 65536)

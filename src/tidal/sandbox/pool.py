@@ -41,7 +41,7 @@ from tidal.sandbox.base import (
     SandboxBackend,
     SandboxResult,
 )
-from tidal.sandbox.batch import Zygote, batch_flags
+from tidal.sandbox.batch import FORKS_FILE, FORKS_SOURCE, Zygote, batch_flags
 from tidal.types import Limits
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class _Entry:
     zygote: Zygote
     last_used: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)  # set once closed: its thread exits
+    template: str | None = None  # the key of the template its last templated job asked for
 
 
 class SandboxPool:
@@ -236,22 +237,31 @@ class SandboxPool:
     def _lease(self, key: Key, job: BatchJob, harness_files: dict[str, str | bytes] | None,
                preload: Sequence[str]) -> _Entry | None:
         """An idle zygote of `key` that fits `job`, or a new one; None when none can start. Counts
-        as one running job until `_release`."""
+        as one running job until `_release`. Jobs of one template (one task's answers) go where it
+        is: to an idle zygote that holds it, else to a new zygote while fewer than `size` are alive,
+        else they wait for a busy one that holds it rather than make an idle one start it anew."""
         victim = None
+        wanted = getattr(getattr(job, "template", None), "key", None)
         with self._cond:
             while True:
                 if self._closed:
                     raise RuntimeError("the sandbox pool is closed")
                 if self._busy < self.size:
-                    match = next((e for e in self._idle if e.key == key and e.zygote.fits(job)), None)
+                    fitting = [e for e in self._idle if e.key == key and e.zygote.fits(job)]
+                    match = next((e for e in fitting if wanted is not None and e.template == wanted), None)
+                    if match is None and fitting and (self._alive >= self.size or wanted is None):
+                        held = wanted is not None and any(e.template == wanted and e not in self._idle
+                                                          and e.key == key and e.zygote.fits(job) for e in self._entries)
+                        match = None if held else min(fitting, key=lambda e: e.last_used)
                     if match is not None:
                         self._idle.remove(match)
                         self._take()
+                        match.template = wanted or match.template
                         return match
                     failures, last = self._failures.get(key, (0, 0.0))
                     if failures >= START_FAILURES and time.monotonic() - last < START_PAUSE_S:
                         return None
-                    if self._alive >= self.size and self._idle:
+                    if self._alive >= self.size and self._idle and not fitting:
                         victim = min(self._idle, key=lambda e: e.last_used)  # another key, or too small
                         self._idle.remove(victim)
                         self._alive -= 1
@@ -276,6 +286,7 @@ class SandboxPool:
                 self._busy -= 1
                 self._cond.notify_all()
             return None
+        entry.template = wanted
         with self._cond:
             self._failures.pop(key, None)
             self._entries.append(entry)
@@ -316,7 +327,8 @@ class SandboxPool:
         def keeper() -> None:
             try:
                 zygote = self.backend.open_zygote(  # type: ignore[attr-defined]
-                    list(key[0]), limits, harness_files=harness_files, preload=preload)
+                    list(key[0]), limits, harness_files={**(harness_files or {}), FORKS_FILE: FORKS_SOURCE},
+                    preload=preload)
                 opened["entry"] = entry = _Entry(key, zygote)
             except BaseException as error:  # handed to the thread that asked
                 opened["error"] = error

@@ -9,14 +9,19 @@ Protocol, on the SOCK_SEQPACKET socket whose fd number is in $TIDAL_CONTROL_FD (
 message; the host only trusts what comes over it, never the jobs' output):
 
     zygote -> host   {"event": "ready", "failed": [modules that did not import]}
-    host -> zygote   {"op": "run", "cwd", "env", "module", "args", "rlimits", "timeout_s"}
+    host -> zygote   {"op": "run", "cwd", "env", "module", "args", "rlimits", "timeout_s"
+                     [, "template": key][, "companion": {"call": "module:function", "env_drop": [...]}]}
                      with fds: stdout, stderr[, report channel]
     zygote -> host   {"event": "done", "exit_code", "signal", "timed_out", "wall_s", "cpu_s", "max_rss_mb",
-                     "retire"} sent once the job's child has ended, every other process of the
-                     sandbox is gone, /tmp and /dev/shm are empty and the sandbox has been compared
-                     with how the zygote found it; `retire` (a reason, or null) says the job left
-                     something a fork inherits or that nothing cleans: its own result stands, but
-                     the zygote exits after this message and runs nothing more
+                     "retire", "template"} sent once the job's child has ended, every other process of the
+                     sandbox but the template's is gone, /tmp and /dev/shm are empty and the sandbox has
+                     been compared with how the zygote found it; `retire` (a reason, or null) says the job
+                     left something a fork inherits or that nothing cleans: its own result stands, but
+                     the zygote exits after this message and runs nothing more; `template` is the key
+                     of the template the zygote holds now (null: none)
+    host -> zygote   {"op": "template", "key", and the fields of "run"} with fds: stdout, stderr, report
+                     channel: start a template (below) for later jobs, replacing any other
+    zygote -> host   {"event": "template", "ready", "detail", "retire", "template"}
     zygote -> host   {"event": "broken", "detail"}: the zygote cannot vouch for the job in progress
                      (processes that would not die, a child that could not set up) and exits; the
                      host runs that job in a sandbox of its own
@@ -28,10 +33,30 @@ the report channel as fd 3. The zygote makes itself non-dumpable, so jobs (same 
 it or read its memory; what they can still do to it (kill, stop, renice, lower its rlimits) either
 ends it or is caught by the check it runs after every job.
 
+Templates: many jobs that differ only in a few files (the answers to one task) share a *template*,
+a process forked from the zygote that runs the job's command up to a point the command chooses
+(pytest: its tests collected) and calls `fork_point()`, which there serves forks: each templated
+job is a fork of the template taken at that point, set up as the job's child is (session, fds,
+environment, folder, limits) and continuing from it, in a workspace the host wrote fresh at the
+same path. The template itself runs nothing of any job; it is non-dumpable and in its own session,
+its rlimits, nice value, CPU affinity and scheduler are compared after every job with what they
+were when it became ready, and a template that changed, stopped or died is dropped (the host starts
+a new one). A job's child is forked twice from the template (the middle process exits), so it is
+the zygote's child, the zygote's clock and sweep apply to it unchanged, and it has one process fewer
+to count against RLIMIT_NPROC only when the zygote's own limit leaves no room for the template.
+
+Companions: a job may ask for a second process, forked from the zygote (so holding nothing the
+job's child reads or computes: no report nonce, no template state), which calls `module:function`
+with one end of a socket pair once set up like the job (its own session, the job's stdout, stderr,
+folder and limits; the job's environment without the harness's variables and without the harness
+folder on its path; the modules the zygote preloaded forgotten). The job's child gets the other end
+and a pipe on which the zygote writes, when it reaps the companion, its wait status and the processes
+that outlived it ({"status", "left"}); `$TIDAL_COMPANION` says "socket fd,status fd,pid".
+
 Speed: everything a job's pytest session imports is imported here once; when a job runs pytest, the
 zygote builds pytest's plugin manager and the default plugins' registrations (what
 `_pytest.config.get_config` returns) once per set of `-p no:...` options, and each child takes its
-own copy-on-write copy of that object instead of building it (see `_prebuilt_config`); the heap is
+own copy-on-write copy of that object instead of building it (see `prebuilt_config`); the heap is
 frozen (`gc.freeze`) before forking, so a child's garbage collections skip the zygote's objects and
 do not touch (copy) their pages.
 """
@@ -55,9 +80,11 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 CONTROL_ENV = "TIDAL_CONTROL_FD"
+COMPANION_ENV = "TIDAL_COMPANION"  # in a job with a companion: "socket fd,status fd,pid"
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 SWEEP_S = 5.0  # how long the processes a job left may take to die before the sandbox counts as broken
@@ -65,6 +92,7 @@ SETUP_FAILED = 71  # exit code of a child whose setup failed before the job's co
 SCRATCH = ("/tmp", "/dev/shm")  # writable places outside the workspace that outlive a process: emptied
 UNWATCHED_FILESYSTEMS = {"proc", "sysfs", "devpts", "devtmpfs", "mqueue", "cgroup", "cgroup2"}
 MAX_MESSAGE = 1 << 20
+FD_FLOOR = 10  # a job's extra fds (ready pipe, companion) live from here up
 PYTEST_PROG = "python -m pytest"  # what pytest calls itself when run as `python -m pytest`
 RLIMITS = {
     "cpu": resource.RLIMIT_CPU,
@@ -76,6 +104,10 @@ RLIMITS = {
 }
 
 
+BASE_MODULES: set[str] = set()  # what was imported before the preloads: a companion keeps only these
+_FORKS: Any = None  # the tidal_zygote_forks module, when it was shipped
+
+
 class Broken(Exception):
     """The zygote cannot restore or vouch for a clean sandbox."""
 
@@ -83,7 +115,7 @@ class Broken(Exception):
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _prctl(option: int, value: int) -> None:
+def prctl(option: int, value: int) -> None:
     if _libc.prctl(option, value, 0, 0, 0) != 0:
         number = ctypes.get_errno()
         raise OSError(number, f"prctl({option}, {value}): {os.strerror(number)}")
@@ -108,26 +140,29 @@ def _others(protected: set[int]) -> list[int]:
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and int(entry) not in protected]
 
 
-def _reap() -> None:
+def _reap() -> set[int]:
     """Collect every exited child (as subreaper, that includes the orphans of a job's processes)."""
+    reaped = set()
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return reaped
         if pid == 0:
-            return
+            return reaped
+        reaped.add(pid)
 
 
-def _sweep(protected: set[int]) -> None:
+def sweep(protected: set[int]) -> set[int]:
     """Kill every process but this one and its ancestors, until /proc shows none. A daemon that
-    left the job's session (setsid) is found here, not through the process group."""
+    left the job's session (setsid) is found here, not through the process group. The pids reaped."""
     deadline = time.monotonic() + SWEEP_S
+    reaped = set()
     while True:
-        _reap()
+        reaped |= _reap()
         others = _others(protected)
         if not others:
-            return
+            return reaped
         if time.monotonic() > deadline:
             raise Broken(f"processes {others[:10]} survived SIGKILL for {SWEEP_S:g}s")
         for pid in others:
@@ -235,17 +270,14 @@ def _exit_code(value: Any) -> int:
     return 1
 
 
-def _run_module(module: str, args: list[str]) -> int:
-    """`python -m module args` in this process; the exit status, after the interpreter's own
-    shutdown steps (join non-daemon threads, atexit, flush)."""
+def run_main(main: Callable[[], Any]) -> int:
+    """`sys.exit(main())` in this process; the exit status, after the interpreter's own shutdown
+    steps (join non-daemon threads, atexit, flush)."""
     import atexit
-    import runpy
     import threading
 
-    sys.argv = ["-m", *args]
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-        code = 0
+        code = _exit_code(main())
     except SystemExit as error:
         code = _exit_code(error.code)
     except BaseException:
@@ -262,6 +294,17 @@ def _run_module(module: str, args: list[str]) -> int:
         except BaseException:
             pass
     return code
+
+
+def run_module(module: str, args: list[str]) -> int:
+    """`python -m module args` in this process (see `run_main`)."""
+    import runpy
+
+    def main() -> None:
+        sys.argv = ["-m", *args]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+    return run_main(main)
 
 
 def _plugin_exclusions(args: list[str]) -> tuple[str, ...]:
@@ -287,7 +330,7 @@ def _plugin_exclusions(args: list[str]) -> tuple[str, ...]:
 _PREBUILT: dict[tuple[str, ...], Any] = {}  # plugin exclusions -> pytest Config (None: could not build)
 
 
-def _prebuilt_config(job: dict[str, Any]) -> Any:
+def prebuilt_config(job: dict[str, Any]) -> Any:
     """For a pytest job: pytest's initial `Config` for the job's `-p no:` options, built once in the
     zygote (plugin manager, hook specs, default plugins and their options: a third of a small
     session's start-up); None when the job is not a plain pytest run or it cannot be built (the
@@ -309,7 +352,7 @@ def _prebuilt_config(job: dict[str, Any]) -> Any:
     return _PREBUILT[key]
 
 
-def _hand_over(config: Any) -> None:
+def hand_over(config: Any) -> None:
     """In the child: the first `get_config` call of its pytest session returns the zygote's `config`
     (its own copy), with the invocation parameters the call gives, as a freshly built one has."""
     import _pytest.config
@@ -328,49 +371,99 @@ def _hand_over(config: Any) -> None:
     _pytest.config.get_config = get_config
 
 
-def _child(job: dict[str, Any], control: socket.socket, fds: list[int], ready: int, config: Any) -> None:
-    """Become the job: own session, the job's fds as 1, 2 (and 3), environment, folder and limits;
-    say so on `ready`, then run it. Never returns."""
+# ----------------------------------------------------------------------------- a job's process
+
+
+def become_job(job: dict[str, Any], stdio: list[int], extra: list[int], close_others: bool) -> list[int]:
+    """In a job's own process: its own session, dumpable again (as a freshly started process is),
+    `stdio` (stdout, stderr[, report channel]) as fds 1, 2[, 3], the job's environment, folder,
+    `sys.path[0]` and rlimits. `extra` fds move above FD_FLOOR (their new numbers are returned);
+    with `close_others` every other fd is closed (a fork of the zygote holds nothing the job may
+    have), else only the originals of `stdio` and `extra`."""
+    os.setsid()
+    prctl(PR_SET_DUMPABLE, 1)
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, FD_FLOOR) for fd in stdio]  # above the numbers they go to
+    kept = [fcntl.fcntl(fd, fcntl.F_DUPFD, FD_FLOOR) for fd in extra]
+    targets = range(1, len(moved) + 1)
+    for fd in stdio + extra:
+        if fd not in targets:  # one there is replaced by dup2
+            os.close(fd)
+    for target, fd in zip(targets, moved):
+        os.dup2(fd, target)
+        os.close(fd)
+    if close_others:
+        start = len(moved) + 1
+        for fd in sorted(kept):
+            os.closerange(start, fd)
+            start = fd + 1
+        os.closerange(start, max(resource.getrlimit(resource.RLIMIT_NOFILE)[1], start))
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    sys.path[0] = job["cwd"]  # what `python -m` puts first
+    for name, (soft, hard) in job["rlimits"].items():
+        resource.setrlimit(RLIMITS[name], (soft, hard))
+    return kept
+
+
+def _job_limits(job: dict[str, Any], beside: int) -> dict[str, Any]:
+    """The job's rlimits, with room for `beside` more processes of the sandbox user (a template)
+    as far as this process's own hard limit allows."""
+    rlimits = dict(job["rlimits"])
+    soft, hard = rlimits["nproc"]
+    top = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    room = beside if top == resource.RLIM_INFINITY else max(0, min(beside, top - hard))
+    rlimits["nproc"] = (soft + room, hard + room)
+    return {**job, "rlimits": rlimits}
+
+
+def _child(job: dict[str, Any], control: socket.socket, stdio: list[int], extra: list[int],
+           companion: int | None, config: Any) -> None:
+    """Become the job (a fork of the zygote): say so on `extra[0]` (the ready pipe), then run it.
+    Never returns."""
     code = SETUP_FAILED
     try:
         control.detach()  # its fd is closed below; the object must not close a reused number later
-        os.setsid()
-        _prctl(PR_SET_DUMPABLE, 1)  # as a freshly started process is
-        floor = 10  # move every fd we keep above the numbers they are going to
-        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in fds]
-        ready = fcntl.fcntl(ready, fcntl.F_DUPFD, floor)
-        for target, fd in enumerate(moved, start=1):
-            os.dup2(fd, target)
-        top = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        os.closerange(len(moved) + 1, ready)
-        os.closerange(ready + 1, max(top, ready + 1))
-        os.chdir(job["cwd"])
-        os.environ.clear()
-        os.environ.update(job["env"])
-        sys.path[0] = job["cwd"]  # what `python -m` puts first
-        for name, (soft, hard) in job["rlimits"].items():
-            resource.setrlimit(RLIMITS[name], (soft, hard))
+        ready, *companion_fds = become_job(job, stdio, extra, close_others=True)
+        if companion is not None:
+            os.environ[COMPANION_ENV] = ",".join(map(str, [*companion_fds, companion]))
         if config is not None:
-            _hand_over(config)
+            hand_over(config)
         os.write(ready, b"1")
         os.close(ready)
     except BaseException:
         os._exit(code)
     try:
-        code = _run_module(job["module"], job["args"])
+        code = run_module(job["module"], job["args"])
     finally:
         os._exit(code)
 
 
-def _wait(pid: int, deadline: float) -> bool:
-    """Wait for the child to exit; at `deadline`, kill its process group. True when it was killed."""
+def exited(pid: int) -> bool:
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+# ----------------------------------------------------------------------------- the zygote's loop
+
+
+def _wait(pid: int, deadline: float, companion: Any, exclude: set[int]) -> bool:
+    """Wait for the child to exit; at `deadline`, kill its process group. True when it was killed.
+    A companion that ends first is reported to the job."""
+    watched = [pid] + ([companion.pid] if companion is not None else [])
+    handles: dict[int, int] = {}
     try:
-        handle = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        handle = None
-    try:
+        for process in watched:
+            try:
+                handles[process] = os.pidfd_open(process)
+            except (AttributeError, OSError):
+                pass
         while True:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            if companion is not None and not companion.reported and exited(companion.pid):
+                companion.report(exclude | {pid}, pid)
+                if companion.pid in handles:
+                    os.close(handles.pop(companion.pid))
+                watched.remove(companion.pid)
+            if exited(pid):
                 return False
             left = deadline - time.monotonic()
             if left <= 0:
@@ -380,33 +473,54 @@ def _wait(pid: int, deadline: float) -> bool:
                     except ProcessLookupError:
                         pass
                 return True
-            if handle is not None:
-                select.select([handle], [], [], left)
+            if len(handles) == len(watched):
+                select.select(list(handles.values()), [], [], left)
             else:
                 time.sleep(min(left, 0.005))
     finally:
-        if handle is not None:
+        for handle in handles.values():
             os.close(handle)
 
 
 def _run(job: dict[str, Any], fds: list[int], control: socket.socket, protected: set[int]) -> dict[str, Any]:
-    config = _prebuilt_config(job)
+    config = None if job.get("template") else prebuilt_config(job)
+    stdio = list(fds)
+    fds.clear()
+    if (job.get("template") or job.get("companion")) and _FORKS is None:
+        raise Broken("the job asks for a template or a companion, but tidal_zygote_forks is not here")
+    held = _FORKS.template() if _FORKS is not None else None
+    template = {held[1]} if held is not None else set()
+    if template:
+        job = _job_limits(job, beside=1)
+    companion = _FORKS.Companion(job, stdio, control) if job.get("companion") else None
     ready_read, ready_write = os.pipe()
+    extra = [ready_write, *(companion.theirs if companion is not None else [])]
+    companion_pid = companion.pid if companion is not None else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        _child(job, control, fds, ready_write, config)
-    os.close(ready_write)
-    for fd in fds:
-        os.close(fd)  # the job's ends now live only in the job
-    fds.clear()
-    timed_out = _wait(pid, started + float(job["timeout_s"]))
-    _, status, usage = os.wait4(pid, 0)
+    try:
+        if job.get("template"):
+            pid = _FORKS.templated(job, stdio, extra, companion_pid)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                _child(job, control, stdio, extra, companion_pid, config)
+    finally:
+        os.close(ready_write)
+        for fd in stdio:
+            os.close(fd)  # the job's ends now live only in the job
+        if companion is not None:
+            companion.handed_over()
+    try:
+        timed_out = _wait(pid, started + float(job["timeout_s"]), companion, protected | template)
+        _, status, usage = os.wait4(pid, 0)
+    finally:
+        if companion is not None:
+            companion.close()
     wall_s = time.monotonic() - started
-    _sweep(protected)
+    reaped = sweep(protected | template)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child and every process it left, reaped
     os.set_blocking(ready_read, False)
     try:
@@ -420,24 +534,27 @@ def _run(job: dict[str, Any], fds: list[int], control: socket.socket, protected:
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"event": "done", "exit_code": exit_code, "signal": sig, "timed_out": timed_out, "wall_s": wall_s,
-            "cpu_s": cpu_s, "max_rss_mb": usage.ru_maxrss / 1024, "retire": None}
+            "cpu_s": cpu_s, "max_rss_mb": usage.ru_maxrss / 1024, "retire": None, "reaped": reaped}
 
 
-def _send(control: socket.socket, message: dict[str, Any]) -> None:
+def send(control: socket.socket, message: dict[str, Any]) -> None:
     control.sendall(json.dumps(message).encode())
 
 
 def main(argv: list[str]) -> int:
     """`argv`: the jobs' workspace root (the host checks it), then the modules to preload."""
+    global _FORKS
+    BASE_MODULES.update(sys.modules)
+    sys.modules.setdefault("tidal_zygote", sys.modules[__name__])  # the name tidal_zygote_forks imports
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_ENV)))
     os.set_inheritable(control.fileno(), False)
     protected = _ancestors()
     strays = _others(protected)
     if strays:  # not alone in a fresh pid namespace: the sweep would kill what is not ours
-        _send(control, {"event": "broken", "detail": f"not alone in its pid namespace (processes {strays[:10]})"})
+        send(control, {"event": "broken", "detail": f"not alone in its pid namespace (processes {strays[:10]})"})
         return 2
-    _prctl(PR_SET_DUMPABLE, 0)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_DUMPABLE, 0)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
     skip = ("/proc", argv[0], *SCRATCH)
     failed = []
     for name in argv[1:]:
@@ -445,12 +562,18 @@ def main(argv: list[str]) -> int:
             __import__(name)
         except Exception:
             failed.append(name)
+    try:
+        import tidal_zygote_forks as forks
+
+        _FORKS = forks
+    except ImportError:
+        pass
     modes = {folder: stat.S_IMODE(os.stat(folder).st_mode) for folder in SCRATCH if os.path.isdir(folder)}
     watched = _watched(skip)
     baseline = _state(watched, skip)
     gc.collect()
     gc.freeze()  # children's collections skip (and so do not copy) everything imported so far
-    _send(control, {"event": "ready", "failed": failed})
+    send(control, {"event": "ready", "failed": failed, "forks": _FORKS is not None})
     while True:
         message, fds, flags, _ = socket.recv_fds(control, MAX_MESSAGE, 3)
         try:
@@ -459,22 +582,33 @@ def main(argv: list[str]) -> int:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise Broken("a control message was cut short")
             job = json.loads(message)
-            result = _run(job, fds, control, protected)
+            if job.get("op") == "template":
+                if _FORKS is None:
+                    raise Broken("a template, but tidal_zygote_forks is not here")
+                result = _FORKS.open_template(job, fds, control, protected)
+            else:
+                result = _run(job, fds, control, protected)
             _clean_scratch(modes)
+            reaped = result.pop("reaped")
+            if _FORKS is not None:
+                _FORKS.check_template(reaped)
             state = _state(watched, skip)
             changed = [key for key, value in state.items() if value != baseline[key]]
+            result["retire"] = None
             if changed:  # this job's own result stands; the next job would not run in a clean sandbox
                 paths = sorted({path for path, _ in set(state["files"].items()) ^ set(baseline["files"].items())})
                 result["retire"] = f"a job changed the sandbox's {', '.join(changed)} {paths[:5] if paths else ''}".rstrip()
+            held = _FORKS.template() if _FORKS is not None else None
+            result["template"] = held[0] if held is not None else None
         except Exception as error:  # whatever went wrong, the host must not trust this sandbox any more
             detail = str(error) if isinstance(error, Broken) else f"{type(error).__name__}: {error}"
             if not (isinstance(error, OSError) and error.errno == errno.EPIPE):
-                _send(control, {"event": "broken", "detail": detail})
+                send(control, {"event": "broken", "detail": detail})
             return 3
         finally:
             for fd in fds:
                 os.close(fd)
-        _send(control, result)
+        send(control, result)
         if result["retire"]:
             return 3
 

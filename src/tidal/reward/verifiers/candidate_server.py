@@ -2,9 +2,12 @@
 its functions on request, replying with data only.
 
 Not imported by tidal: `python_tests` ships this file's text to the sandbox's harness folder as
-`tidal_candidate_server.py`; the report plugin starts it (`python -B tidal_candidate_server.py
-<fd> <module> <workspace> <test paths as JSON>`) once the tests are collected and deleted from
-disk. It may use only the standard library and tidal_function_proxy (the wire codec).
+`tidal_candidate_server.py`. In a zygote it is the job's companion (`serve`: forked from the zygote
+before the job's pytest process exists, it waits on its socket for the start message
+{"module", "workspace", "tests"}, which the report plugin sends once the tests are collected and
+deleted from disk); alone, the report plugin starts it then (`python -B tidal_candidate_server.py
+<fd> <module> <workspace> <test paths as JSON>`). It may use only the standard library and
+tidal_function_proxy (the wire codec).
 
 It runs the answer, so nothing here is trusted: the answer can rewrite this process as it likes.
 What it cannot do is reach the test process (a separate, non-dumpable process whose report
@@ -91,8 +94,23 @@ def _reply(channel: socket.socket, audit: Audit, message: dict[str, Any]) -> Non
 
 def main(argv: list[str]) -> int:
     fd, module_name, workspace, test_paths = int(argv[0]), argv[1], argv[2], json.loads(argv[3])
+    return _serve(socket.socket(fileno=fd), module_name, workspace, test_paths)
+
+
+def serve(fd: int) -> int:
+    """A zygote's companion: the start message, then as `main`."""
     channel = socket.socket(fileno=fd)
-    os.set_inheritable(fd, False)
+    try:
+        start = wire.receive(channel)
+    except (wire.ProtocolError, OSError):
+        return 1
+    if start is None:
+        return 0  # the tests never got as far as calling the answer
+    return _serve(channel, str(start["module"]), str(start["workspace"]), [str(path) for path in start["tests"]])
+
+
+def _serve(channel: socket.socket, module_name: str, workspace: str, test_paths: list[str]) -> int:
+    os.set_inheritable(channel.fileno(), False)
     sys.path[0] = workspace  # where `python solution.py`'s imports would look; not the harness folder
     sys.argv = [module_name]
     audit = Audit(test_paths)

@@ -43,6 +43,11 @@ MAX_DEPTH = 200  # nesting of one value
 MESSAGE_CAP = 2000  # characters of an exception message kept
 TRACEBACK_CAP = 4000
 STOP_S = 1.0  # how long the candidate may take to exit when asked
+# pytest leaves this module's frames out of a failing test's traceback: the answer's own traceback
+# is in the error's message, and formatting these frames (pytest parses their source) costs more
+# than the rest of a failing test's report.
+__tracebackhide__ = True
+REAPED_S = 10.0  # how long a zygote may take to say how a companion it reaped ended
 
 
 class ProtocolError(Exception):
@@ -228,26 +233,84 @@ def remote_error(type_name: str, message: str) -> CandidateError:
 # ----------------------------------------------------------------------------- the candidate process
 
 
+class Companion:
+    """The answer's process when a zygote forked it (its companion, see the zygote's docstring), as
+    much of a `subprocess.Popen` as `CandidateProcess` uses. Not this process's child: the zygote
+    reaps it and writes its wait status, and the processes that outlived it, on `status_fd`."""
+
+    def __init__(self, pid: int, status_fd: int) -> None:
+        self.pid, self.status_fd = pid, status_fd
+        self.returncode: int | None = None
+        self.left: list[tuple[int, str]] = []  # processes that outlived it (they were its, or its children's)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        limit = REAPED_S if timeout is None else timeout
+        if not select.select([self.status_fd], [], [], limit)[0]:
+            raise subprocess.TimeoutExpired(f"the answer's process {self.pid}", limit)
+        chunks = []
+        while chunk := os.read(self.status_fd, 65536):
+            chunks.append(chunk)
+        os.close(self.status_fd)
+        try:
+            message = json.loads(b"".join(chunks) or b"{}")
+            status = int(message["status"])
+            self.left = [(int(pid), str(name)) for pid, name in message.get("left", [])]
+        except (ValueError, KeyError, TypeError):
+            status = signal.SIGKILL  # the zygote said nothing: it ended the sandbox's processes
+        self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        return self.returncode
+
+
 class CandidateProcess:
     """The answer's module, imported in a separate process, called by name.
 
     Started once the tests are collected (and deleted from disk), so the answer never runs while
     the tests exist anywhere it can read. One process per session: once it has died or timed out,
-    every later call fails. `on_event(kind, **fields)` is how findings reach the report."""
+    every later call fails. `on_event(kind, **fields)` is how findings reach the report.
+    `companion` (socket fd, status fd, pid): a process a zygote forked for this, waiting for its
+    start message; without it, a fresh interpreter runs `server`."""
 
     def __init__(self, server: str, module: str, workspace: str, call_timeout_s: float, test_paths: list[str],
-                 on_event: Callable[..., None], import_timeout_s: float | None = None) -> None:
+                 on_event: Callable[..., None], import_timeout_s: float | None = None,
+                 companion: tuple[int, ...] | None = None) -> None:
         self.server, self.module, self.workspace = server, module, workspace
         self.call_timeout_s, self.test_paths, self.on_event = call_timeout_s, test_paths, on_event
         # The import is bounded like in process, by the run's own clock: a slow start is not a slow answer.
         self.import_timeout_s = import_timeout_s or call_timeout_s
-        self.process: subprocess.Popen[bytes] | None = None
+        self.companion = companion
+        self.process: subprocess.Popen[bytes] | Companion | None = None
         self.channel: socket.socket | None = None
         self.failure: CandidateError | None = None  # set once the process cannot serve calls
         self.calls = 0
         self.lock = threading.Lock()
 
+    @property
+    def left(self) -> list[tuple[int, str]]:
+        """Processes that outlived a companion (a Popen's are this process's own descendants)."""
+        return list(getattr(self.process, "left", []))
+
     def start(self) -> None:
+        if self.companion is not None:
+            sock, status, pid = self.companion
+            self.process, self.channel = Companion(pid, status), socket.socket(fileno=sock)
+            os.set_inheritable(sock, False)
+            os.set_inheritable(status, False)
+            try:
+                send(self.channel, {"module": self.module, "workspace": self.workspace, "tests": self.test_paths})
+            except OSError as error:
+                self._stop("exited", f"the answer's process is gone ({error})", "start")
+                return
+        else:
+            self._spawn()
+            if self.channel is None:
+                return
+        reply = self._exchange(None, "import", self.import_timeout_s)
+        if reply is not None and "ready" not in reply:
+            self._fail_with(reply)
+
+    def _spawn(self) -> None:
         ours, theirs = socket.socketpair()
         harness = os.path.dirname(self.server)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDAL_", "PYTEST_"))}
@@ -266,9 +329,6 @@ class CandidateProcess:
         finally:
             theirs.close()
         self.channel = ours
-        reply = self._exchange(None, "import", self.import_timeout_s)
-        if reply is not None and "ready" not in reply:
-            self._fail_with(reply)
 
     def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
@@ -279,22 +339,22 @@ class CandidateProcess:
                               "verifier mode in_process") from None
         with self.lock:
             if self.failure is not None:
-                raise self.failure
+                raise self.failure.with_traceback(None)
             self.calls += 1
             request["id"] = self.calls
             reply = self._exchange(request, f"{self.module}.{name}()")
             if reply is None:
                 assert self.failure is not None
-                raise self.failure
+                raise self.failure.with_traceback(None)
             if reply.get("id") != self.calls:
                 self._stop("protocol", f"a reply to call {reply.get('id')!r} came for call {self.calls}")
-                raise self.failure  # type: ignore[misc]
+                raise self.failure.with_traceback(None)  # type: ignore[misc]
             if "ok" in reply:
                 try:
                     return decode(reply["ok"])
                 except (ProtocolError, RecursionError) as error:
                     self._stop("protocol", f"the reply to {name}() is not a value: {error}")
-                    raise self.failure from None  # type: ignore[misc]
+                    raise self.failure.with_traceback(None) from None  # type: ignore[misc]
             raise self._error_of(reply)
 
     def _exchange(self, request: dict[str, Any] | None, what: str, limit_s: float | None = None) -> dict[str, Any] | None:
@@ -359,7 +419,10 @@ class CandidateProcess:
                 except (ProcessLookupError, PermissionError):
                     pass
             if code is None:
-                code = process.wait()
+                try:
+                    code = process.wait()
+                except subprocess.TimeoutExpired:
+                    code = None
         if status is None:
             return
         if status == "exited":

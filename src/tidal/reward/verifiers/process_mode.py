@@ -159,3 +159,112 @@ def choose_mode(requested: str, problems: list[str]) -> tuple[str, str]:
     if requested == "out_of_process":
         return "", "verifier mode out_of_process, but the tests do not allow it: " + "; ".join(problems[:3])
     return "in_process", "the tests need the answer in their process: " + "; ".join(problems[:3])
+
+
+# ----------------------------------------------------------------------------- templates
+
+PYTEST_CONFIG_FILES = ("pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
+
+
+def _hooks(tree: ast.Module) -> list[str]:
+    """pytest hooks and plugin lists a module defines at its top level."""
+    found = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("pytest_"):
+            found.append(f"line {node.lineno}: defines the hook {node.name}")
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        if any(isinstance(target, ast.Name) and target.id == "pytest_plugins" for target in targets):
+            found.append(f"line {node.lineno}: sets pytest_plugins")
+    return found
+
+
+def _at_import(node: ast.AST) -> list[ast.AST]:
+    """The nodes of a module-level statement that run when the module is imported: everything but
+    the bodies of functions and lambdas (decorators, defaults, annotations and class bodies run)."""
+    found, pending = [], [node]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        if isinstance(current, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            pending += [*current.decorator_list, current.args, *([current.returns] if current.returns else [])]
+        elif isinstance(current, ast.Lambda):
+            pending.append(current.args)
+        else:
+            pending += list(ast.iter_child_nodes(current))
+    return found
+
+
+def _imports_module(node: ast.AST, module: str) -> bool:
+    return (isinstance(node, ast.Import) and any(a.name.split(".")[0] == module for a in node.names)) or (
+        isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == module)
+
+
+def template_problems(mode: str, entrypoint: str, tests: dict[str, str], files: dict[str, str | bytes],
+                      test_modules: list[str]) -> list[str]:
+    """Why one pytest template (collected once, forked per answer; pytest_template.py) cannot stand
+    in for a session of each answer's own; [] when it can.
+
+    Both modes: no test or task file defines pytest hooks or `pytest_plugins` (a hook that runs at
+    configuration or collection would run once, in the template, not once per answer). In process
+    also: the answer's module is imported only by collected test modules, only by top-level
+    `import m [as n]` / `from m import a [as b]` statements (not under `if`/`try`/`with` or in a
+    class) or inside functions; what those statements bind is used only inside functions (so
+    nothing of the answer is needed while the tests are imported, and rebinding the module's
+    globals afterwards is what importing it would have done); no name it imports looks like a test
+    to pytest (`test*`, `Test*`); no string names the module at import time; no pytest
+    configuration file among the task's files (it could change what looks like a test). Out of
+    process, `out_of_process_problems` already holds the tests to more than that."""
+    module = _module_name(entrypoint)
+    if module is None:
+        return [f"the entrypoint {entrypoint} is not a top-level module"]
+    problems = []
+    sources = {**{name: content for name, content in files.items() if name != entrypoint}, **tests}
+    for name, content in sorted(sources.items()):
+        if not name.endswith(".py") or not isinstance(content, str):
+            continue
+        try:
+            tree = ast.parse(content, filename=name)
+        except SyntaxError:
+            continue  # a broken test module fails the same way in a template
+        problems += [f"{name}: {p}" for p in _hooks(tree)]
+        if mode != "out_of_process":
+            problems += [f"{name}: {p}" for p in _module_level_uses(tree, module, collected=name in test_modules)]
+    if mode != "out_of_process":
+        problems += [f"{name}: a pytest configuration file" for name in files
+                     if PurePosixPath(name).name in PYTEST_CONFIG_FILES]
+    return problems
+
+
+def _module_level_uses(tree: ast.Module, module: str, collected: bool) -> list[str]:
+    """In process: what in a module needs the answer while it is imported (see `template_problems`)."""
+    problems, bound = [], set()
+    for statement in tree.body:
+        if not _imports_module(statement, module):
+            continue
+        if not collected:
+            problems.append(f"line {statement.lineno}: imports {module} but pytest does not collect it")
+        elif isinstance(statement, ast.ImportFrom):
+            if statement.module != module:
+                problems.append(f"line {statement.lineno}: imports from a submodule of {module}")
+            for alias in statement.names:
+                bound.add(alias.asname or alias.name)
+                if alias.name == "*" or (alias.asname or alias.name).startswith(("test", "Test")):
+                    problems.append(f"line {statement.lineno}: imports {alias.name} from {module}")
+        else:
+            for alias in statement.names:  # type: ignore[attr-defined]
+                if alias.name != module:
+                    problems.append(f"line {statement.lineno}: imports the submodule {alias.name}")
+                bound.add(alias.asname or alias.name)
+    for statement in tree.body:
+        if _imports_module(statement, module):
+            continue
+        for node in _at_import(statement):
+            if _imports_module(node, module):
+                problems.append(f"line {node.lineno}: imports {module} under a statement or in a class")
+            elif isinstance(node, ast.Name) and node.id in bound and not isinstance(node.ctx, ast.Store):
+                problems.append(f"line {node.lineno}: uses {node.id} while the module is imported")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    node.value == module or node.value.startswith(module + ".")):
+                problems.append(f"line {node.lineno}: names the module {node.value!r} while the module is imported")
+    return list(dict.fromkeys(problems))

@@ -1,27 +1,41 @@
 """pytest plugin that runs INSIDE the sandbox and reports each test to the scoring harness.
 
+PYTEST_DONT_REWRITE (a zygote imports this module before pytest could rewrite it; it has no asserts)
+
 Not imported by tidal: `python_tests` ships this file's text to the sandbox's harness folder as
 `tidal_pytest_report.py` and loads it with `-p tidal_pytest_report`, so it is registered before
-any test module, and so before any candidate code, is imported. It may use only the standard
-library, pytest and the harness's tidal_function_proxy.
+any test module, and so before any candidate code, is imported. Importing it does nothing: it
+starts when pytest registers it (its `pytest_addoption` and `pytest_plugin_registered` run then),
+so a zygote can import it once for all its jobs. It may use only the standard library, pytest and
+the harness's tidal_function_proxy and tidal_pytest_template (pytest_template.py).
 
 Channel: the socket whose fd is in $TIDAL_REPORT_FD (see tidal.sandbox.base). The harness sends
 its settings (a JSON object: the per-run nonce, the mode, the test paths, the answer's module and
 the per-call limit; a bare nonce is accepted too) and shuts its side for writing; the plugin reads
-them at load, then writes one JSON line per event, each carrying the nonce. A line without it is
-a forgery. The verdict of a test phase is taken from `call.excinfo` in the outermost
+them when it starts, then writes one JSON line per event, each carrying the nonce. A line without
+it is a forgery. The verdict of a test phase is taken from `call.excinfo` in the outermost
 `pytest_runtest_makereport` wrapper, before any other hook could rewrite the report.
 
-At load the process becomes non-dumpable (no ptrace or /proc/<pid>/mem for other processes of the
-same user) and the child subreaper (orphans of the answer's processes come back to it, so the scan
-at the session's end finds a detached daemon). An audit hook (`sys.addaudithook`) reports what
-candidate code does to the tests: opening a test file (refused), taking a test or pytest frame
-(`sys._getframe`, `f_code`/`tb_frame`/`__code__` reads), `gc.get_referrers/get_objects`,
+When it starts the process becomes non-dumpable (no ptrace or /proc/<pid>/mem for other processes
+of the same user) and the child subreaper (orphans of the answer's processes come back to it, so
+the scan at the session's end finds a detached daemon). An audit hook (`sys.addaudithook`) reports
+what candidate code does to the tests: opening a test file (refused), taking a test or pytest
+frame (`sys._getframe`, `f_code`/`tb_frame`/`__code__` reads), `gc.get_referrers/get_objects`,
 `sys._current_frames`, `sys.settrace/setprofile`, importing the framework's modules.
 
 out_of_process mode: the answer's module is a `ProxyModule` here; after collection the plugin
 deletes the test files (they live on only in this process's memory), guards the import path
-against modules planted later, and starts the candidate process (function_proxy.py).
+against modules planted later, and starts the candidate process (function_proxy.py): the
+zygote's companion when $TIDAL_COMPANION names one, else a fresh interpreter.
+
+Template mode (settings `"template": true`, no nonce; see python_tests and the zygote's templates):
+the session configures and collects the task's tests (in_process: against a stand-in for the
+answer's module), holding its events back, and stops at the start of the test loop, where the
+zygote forks one process per answer (pytest_template.py). Each such process reads its own settings
+and nonce from its own channel, does what the start of a session does (the `start` event,
+non-dumpable, subreaper, audit hook), sends the held events, in process binds the answer into the
+test modules, sends `collected`, and out of process starts the answer's process; then the test
+loop runs.
 
 In in_process mode candidate code runs in this same process and could, with effort, reach the
 nonce in memory or blind the audit hook; the plugin also reports late plugin registrations and
@@ -83,7 +97,7 @@ def _prctl(option: int, value: int) -> bool:
 
 
 OWN_HOOKS = ("pytest_plugin_registered", "pytest_collectreport", "pytest_collection_finish",
-             "pytest_runtest_makereport", "pytest_sessionfinish")
+             "pytest_runtestloop", "pytest_runtest_makereport", "pytest_sessionfinish")
 
 
 def _guarded() -> dict[str, Any]:
@@ -128,8 +142,13 @@ class _Reporter:
         self.nonce = str(self.settings.get("nonce", ""))
         self.snapshot: dict[str, Any] = {}  # taken at pytest_configure, before any test module is imported
         self.flagged: set[str] = set()
+        # A template holds its events back: each answer's process sends them with its own nonce.
+        self.held: list[dict[str, Any]] | None = [] if self.settings.get("template") else None
 
     def emit(self, event: str, **fields: Any) -> None:
+        if self.held is not None:
+            self.held.append({"event": event, **fields})
+            return
         if self.channel is None:
             return
         line = json.dumps({"nonce": self.nonce, "event": event, **fields}) + "\n"
@@ -137,6 +156,19 @@ class _Reporter:
             self.channel.sendall(line.encode("utf-8", errors="replace"))
         except OSError:
             self.channel = None  # the channel was closed under us; the missing events will show
+
+    def bind(self) -> list[dict[str, Any]]:
+        """In an answer's process forked from the template: its own channel, settings and nonce
+        (the settings must be the template's but for the nonce); the events held back."""
+        if self.channel is not None:
+            self.channel.detach()  # that fd number is this process's own channel by now
+        template = {key: value for key, value in self.settings.items() if key != "template"}
+        self.channel, self.settings = _open_channel()
+        if {key: value for key, value in self.settings.items() if key != "nonce"} != template:
+            raise RuntimeError(f"the answer's settings {self.settings} are not its template's {template}")
+        self.nonce = str(self.settings.get("nonce", ""))
+        held, self.held = self.held or [], None
+        return held
 
     def tamper(self, detail: str) -> None:
         if detail not in self.flagged and len(self.flagged) < 100:
@@ -299,30 +331,48 @@ class _PlantedModuleGuard:
                 raise ImportError(f"{name} was planted by the answer")
 
 
-_reporter = _Reporter()
-_reporter.emit("start", cwd=os.getcwd(), mode=str(_reporter.settings.get("mode", "in_process")))
-_prctl(PR_SET_DUMPABLE, 0)
-_prctl(PR_SET_CHILD_SUBREAPER, 1)
-_TESTS = [os.path.abspath(str(path)) for path in _reporter.settings.get("tests", [])]
-sys.addaudithook(_Audit(_reporter, _TESTS))
+_reporter: _Reporter = None  # type: ignore[assignment]  # set when pytest registers the plugin
+_TESTS: list[str] = []
 _candidate: Any = None
-if _reporter.settings.get("mode") == "out_of_process":
-    import tidal_function_proxy
-
-    def _get_candidate() -> Any:
-        if _candidate is None:
-            raise RuntimeError("the tests called the answer before collection finished; use mode in_process")
-        return _candidate
-
-    sys.modules[str(_reporter.settings["module"])] = tidal_function_proxy.ProxyModule(
-        str(_reporter.settings["module"]), _get_candidate)
 
 
-def _start_candidate() -> None:
-    """out_of_process: tests out of reach, then the answer's process."""
-    global _candidate
-    import tidal_function_proxy
+def _start() -> _Reporter:
+    """What loading the plugin does, once: read the settings; in a session of its own (not a
+    template), start watching at once."""
+    global _reporter, _TESTS
+    if _reporter is not None:
+        return _reporter
+    _reporter = _Reporter()
+    _TESTS = [os.path.abspath(str(path)) for path in _reporter.settings.get("tests", [])]
+    module = str(_reporter.settings.get("module", ""))
+    if _reporter.settings.get("mode") == "out_of_process":
+        import tidal_function_proxy
 
+        def _get_candidate() -> Any:
+            if _candidate is None:
+                raise RuntimeError("the tests called the answer before collection finished; use mode in_process")
+            return _candidate
+
+        sys.modules[module] = tidal_function_proxy.ProxyModule(module, _get_candidate)
+    elif _reporter.held is not None:
+        import tidal_pytest_template
+
+        sys.modules[module] = tidal_pytest_template.stub(module)
+    if _reporter.held is None:
+        _watch()
+    return _reporter
+
+
+def _watch() -> None:
+    """The start of a session: the `start` event, non-dumpable, subreaper, the audit hook."""
+    _reporter.emit("start", cwd=os.getcwd(), mode=str(_reporter.settings.get("mode", "in_process")))
+    _prctl(PR_SET_DUMPABLE, 0)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    sys.addaudithook(_Audit(_reporter, _TESTS))
+
+
+def _hide_tests() -> None:
+    """out_of_process, once collected: the tests out of reach (their source kept for tracebacks)."""
     for path in _TESTS:
         try:
             with open(path, encoding="utf-8") as file:
@@ -332,19 +382,33 @@ def _start_candidate() -> None:
         except OSError:
             pass
     sys.meta_path.insert(0, _PlantedModuleGuard(_reporter))  # type: ignore[arg-type]
+
+
+def _start_candidate() -> None:
+    """out_of_process: tests out of reach, then the answer's process."""
+    global _candidate
+    import tidal_function_proxy
+
+    _hide_tests()
+    companion = os.environ.pop("TIDAL_COMPANION", None)
     server = os.path.join(os.path.dirname(os.path.abspath(tidal_function_proxy.__file__)), "tidal_candidate_server.py")
     _candidate = tidal_function_proxy.CandidateProcess(
         server, str(_reporter.settings["module"]), os.getcwd(), float(_reporter.settings.get("call_timeout_s", 5.0)),
-        _TESTS, _reporter.emit, float(_reporter.settings.get("timeout_s", 0)) or None)
+        _TESTS, _reporter.emit, float(_reporter.settings.get("timeout_s", 0)) or None,
+        companion=tuple(int(part) for part in companion.split(",")) if companion else None)
     _candidate.start()
 
 
+def pytest_addoption(parser: Any, pluginmanager: Any) -> None:
+    _start()  # called when pytest registers the plugin (a historic hook)
+
+
 def pytest_configure(config: Any) -> None:
-    _reporter.snapshot = _guarded()
+    _start().snapshot = _guarded()
 
 
 def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
-    _reporter.emit("plugin", file=_file_of(plugin))
+    _start().emit("plugin", file=_file_of(plugin))
 
 
 def pytest_collectreport(report: Any) -> None:
@@ -353,9 +417,24 @@ def pytest_collectreport(report: Any) -> None:
 
 
 def pytest_collection_finish(session: Any) -> None:
+    if _reporter.held is not None:
+        return  # a template: each answer's process says what it collected (`_bind`)
     _reporter.emit("collected", nodeids=[item.nodeid for item in session.items])
     if _reporter.settings.get("mode") == "out_of_process":
         _start_candidate()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtestloop(session: Any) -> Any:
+    if _reporter.held is not None:  # a template: forked from here, one process per answer
+        import tidal_pytest_template
+
+        tidal_pytest_template.serve(session, _reporter)
+        tidal_pytest_template.bind(session, _reporter, _watch)
+        _reporter.emit("collected", nodeids=[item.nodeid for item in session.items])
+        if _reporter.settings.get("mode") == "out_of_process":
+            _start_candidate()
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -376,9 +455,11 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
     _reporter.check_internals()
+    left: list[tuple[int, str]] = []
     if _candidate is not None:
         _candidate.close()
-    left = _descendants(os.getpid())
+        left = [(pid, name) for pid, name in _candidate.left if os.path.exists(f"/proc/{pid}")]
+    left += _descendants(os.getpid())
     if left:
         _reporter.tamper(f"processes left running at the end of the session: "
                          f"{', '.join(f'{pid} ({name})' for pid, name in left[:5])}")

@@ -58,6 +58,7 @@ from tidal.reward.verifiers.process_mode import (
     MODES,
     choose_mode,
     out_of_process_problems,
+    template_problems,
 )
 from tidal.reward.verifiers.tamper_scan import scan_answer
 from tidal.sandbox.base import (
@@ -67,22 +68,29 @@ from tidal.sandbox.base import (
     SandboxStatus,
     safe_relative_path,
 )
+from tidal.sandbox.batch import FORKS_FILE, FORKS_SOURCE, Companion, Template, ZygoteJob
 from tidal.types import Outcome, Score, Task
 
 PLUGIN_MODULE = "tidal_pytest_report"
 PLUGIN_SOURCE = (Path(__file__).parent / "pytest_report.py").read_text(encoding="utf-8")
 HARNESS_FILES = {
     f"{PLUGIN_MODULE}.py": PLUGIN_SOURCE,
+    "tidal_pytest_template.py": (Path(__file__).parent / "pytest_template.py").read_text(encoding="utf-8"),
     "tidal_function_proxy.py": (Path(__file__).parent / "function_proxy.py").read_text(encoding="utf-8"),
     "tidal_candidate_server.py": (Path(__file__).parent / "candidate_server.py").read_text(encoding="utf-8"),
+    FORKS_FILE: FORKS_SOURCE,  # a zygote's templates and companions
 }
 # What a batch's zygote imports once: pytest, the plugins every session loads (pytest's
-# `default_plugins`) and what they import when configured. A name this pytest lacks only costs time.
+# `default_plugins`) and what they import when configured, and the harness's own modules (importing
+# them does nothing). A name this pytest lacks only costs time.
 PRELOAD = ("pytest", *(f"_pytest.{name}" for name in (
     "mark", "main", "runner", "fixtures", "helpconfig", "python", "terminal", "debugging", "unittest", "capture",
     "skipping", "legacypath", "tmpdir", "monkeypatch", "recwarn", "pastebin", "assertion", "junitxml", "doctest",
     "cacheprovider", "setuponly", "setupplan", "stepwise", "unraisableexception", "threadexception", "warnings",
-    "logging", "reports", "faulthandler", "subtests", "_argcomplete")), "pdb", "readline", "faulthandler")
+    "logging", "reports", "faulthandler", "subtests", "_argcomplete")), "pdb", "readline", "faulthandler",
+    "tidal_function_proxy", "tidal_candidate_server", PLUGIN_MODULE, "tidal_pytest_template")
+# The answer's process out of process, in a zygote: forked from it, not a fresh interpreter.
+CANDIDATE = Companion("tidal_candidate_server:serve", env_drop=("PYTEST_",))
 # Files whose appearance in the workspace during a run changes how pytest or Python behaves.
 RISKY_NAMES = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
                "sitecustomize.py", "usercustomize.py"}
@@ -370,21 +378,86 @@ class Prepared:
     static: list[str] = field(default_factory=list)  # findings of the static tamper scan
     call_timeout_s: float | None = None
     nonce: str = field(default_factory=lambda: secrets.token_hex(16))
+    entrypoint: str = "solution.py"
+    templated: bool = False  # a zygote may fork this run from the task's template (docs/design/sandbox.md)
 
     def job(self, task: Task, python: str, ctx: ScoringContext) -> BatchJob:
         # `python -m pytest` puts the workspace on sys.path, as task authors expect.
         argv = [python, "-s", "-B", "-m", "pytest", "-p", PLUGIN_MODULE, "-p", "no:cacheprovider",
                 "-q", "--color=no", "--tb=short", "-o", "addopts=", "--rootdir=.", *self.paths]
         limits = ctx.limits(task)
-        settings = {"nonce": self.nonce, "mode": self.mode, "module": self.module, "tests": self.tests,
+        settings = {"mode": self.mode, "module": self.module, "tests": self.tests,
                     "call_timeout_s": self.call_timeout_s or max(1.0, limits.timeout_s / 2),
                     "timeout_s": limits.timeout_s}
-        return BatchJob(argv, self.files, limits, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-                        after=self.protected.inspect, report_input=json.dumps(settings).encode("ascii"))
+        env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        template = None
+        if self.templated:
+            shared = {name: content for name, content in self.files.items() if name != self.entrypoint}
+            key = hashlib.sha256(json.dumps(
+                [argv[1:], env, settings, limits.model_dump(), sorted(_hashes(shared).items())]).encode()).hexdigest()
+            template = Template(key, shared, json.dumps({**settings, "template": True}).encode("ascii"))
+        return ZygoteJob(argv, self.files, limits, env=env, after=self.protected.inspect,
+                         report_input=json.dumps({"nonce": self.nonce, **settings}).encode("ascii"),
+                         template=template, companion=CANDIDATE if self.mode == "out_of_process" else None)
 
     def score(self, task: Task, result: SandboxResult) -> Score:
         report = Report.parse(result.report, self.nonce, result.report_truncated)
         return verdict(result, report, self.defined, self.allowed_conftests, task, self.static, self.mode)
+
+
+def _hashes(files: dict[str, str | bytes]) -> dict[str, str]:
+    return {name: hashlib.sha256(content.encode("utf-8") if isinstance(content, str) else content).hexdigest()
+            for name, content in files.items()}
+
+
+@dataclass(frozen=True)
+class _TaskPlan:
+    """What `prepare` works out from the task alone (the same for every answer)."""
+
+    paths: list[str]
+    defined: list[str]
+    mode: str
+    templated: bool
+
+
+_PLANS: dict[str, _TaskPlan] = {}  # by the digest of what a plan depends on
+_PLANS_CAP = 4096
+
+
+def _plan(task: Task, entrypoint: str, requested: str) -> _TaskPlan | Score:
+    """The test modules, the tests they define, the mode and whether a template may serve the
+    task, or the task's problem; plans are cached by content (every answer to a task has the same)."""
+    key = hashlib.sha256(json.dumps([task.id, entrypoint, requested, task.verifier.args.get("test_order"),
+                                     sorted(_hashes(task.tests).items()), sorted(_hashes(task.files).items())],
+                                    default=str).encode()).hexdigest()
+    found = _PLANS.get(key)
+    if found is None:
+        plan = _make_plan(task, entrypoint, requested)
+        if isinstance(plan, Score):
+            return plan
+        if len(_PLANS) >= _PLANS_CAP:
+            _PLANS.clear()
+        found = _PLANS[key] = plan
+    return found
+
+
+def _make_plan(task: Task, entrypoint: str, requested: str) -> _TaskPlan | Score:
+    paths = pytest_targets(task.tests)
+    order = task.verifier.args.get("test_order")  # the test modules in the order pytest runs them (default: sorted)
+    if order is not None:
+        if not isinstance(order, list) or sorted(map(str, order)) != paths:
+            return task_problem(task, f"test_order must list exactly the test modules {paths}, not {order!r}")
+        paths = [str(name) for name in order]
+    try:
+        defined = [n for path in paths for n in defined_test_ids(path, task.tests[path])]
+    except SyntaxError as error:
+        return task_problem(task, f"test file {error.filename} does not parse (line {error.lineno}): {error.msg}")
+    mode, why = choose_mode(requested, [] if requested == "in_process" else
+                            out_of_process_problems(entrypoint, task.tests, task.files, paths))
+    if not mode:
+        return task_problem(task, why)
+    templated = not template_problems(mode, entrypoint, task.tests, task.files, paths)
+    return _TaskPlan(paths, defined, mode, templated)
 
 
 def prepare(task: Task, answer: str) -> Prepared | Score:
@@ -413,31 +486,20 @@ def prepare(task: Task, answer: str) -> Prepared | Score:
     code = extract_code(answer)
     if not code.strip():
         return failed("the answer holds no code", tests=0.0)
-
-    paths = pytest_targets(task.tests)
-    order = args.get("test_order")  # the test modules in the order pytest runs them (default: sorted)
-    if order is not None:
-        if not isinstance(order, list) or sorted(map(str, order)) != paths:
-            return task_problem(task, f"test_order must list exactly the test modules {paths}, not {order!r}")
-        paths = [str(name) for name in order]
-    try:
-        defined = [n for path in paths for n in defined_test_ids(path, task.tests[path])]
-    except SyntaxError as error:
-        return task_problem(task, f"test file {error.filename} does not parse (line {error.lineno}): {error.msg}")
-    mode, why = choose_mode(requested, [] if requested == "in_process" else
-                            out_of_process_problems(entrypoint, task.tests, task.files, paths))
-    if not mode:
-        return task_problem(task, why)
+    plan = _plan(task, entrypoint, requested)
+    if isinstance(plan, Score):
+        return plan
 
     files: dict[str, str | bytes] = {entrypoint: code}
     files.update((name, content) for name, content in task.files.items() if name != entrypoint)
     files.update(task.tests)
     allowed_conftests = {n for n in files if PurePosixPath(n).name == "conftest.py"}
-    removable = set(task.tests) if mode == "out_of_process" else set()
-    return Prepared(files, paths, defined, Protected.of(files, exclude=entrypoint, removable=removable),
-                    allowed_conftests, mode=mode, module=PurePosixPath(entrypoint).stem,
+    removable = set(task.tests) if plan.mode == "out_of_process" else set()
+    return Prepared(files, plan.paths, plan.defined, Protected.of(files, exclude=entrypoint, removable=removable),
+                    allowed_conftests, mode=plan.mode, module=PurePosixPath(entrypoint).stem,
                     tests=sorted(task.tests), static=scan_answer(code, sorted(task.tests)),
-                    call_timeout_s=float(call_timeout_s) if call_timeout_s is not None else None)
+                    call_timeout_s=float(call_timeout_s) if call_timeout_s is not None else None,
+                    entrypoint=entrypoint, templated=plan.templated)
 
 
 def python_tests_batch(task: Task, answers: list[str], ctx: ScoringContext) -> list[Score]:

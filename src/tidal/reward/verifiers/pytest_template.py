@@ -1,0 +1,229 @@
+"""The report plugin's template mode (pytest_report.py): a pytest session that collects a task's
+tests once and is forked, at the start of its test loop, into one process per answer.
+
+PYTEST_DONT_REWRITE
+
+Not imported by tidal: `python_tests` ships this file's text to the sandbox's harness folder as
+`tidal_pytest_template.py`; the report plugin imports it in a template. It may use only the
+standard library, pytest and the zygote's tidal_zygote_forks (which serves the forks).
+
+The template process (`serve`) stops pytest's output capture (each answer's process starts its own,
+on its own descriptors), keeps the tests' source for tracebacks, and in process works out which
+names of which test modules came from `_Stub`, the stand-in for the answer's module the tests
+imported at collection; then it calls the zygote's `fork_point`. Each answer's process (`bind`)
+takes its own channel and nonce, starts watching as a session's start does, and, in process,
+imports the answer and rebinds those names, one test module after another in collection order, as
+collection would have: an import that fails fails that module's collection with the report pytest
+gives (`_pytest.runner.pytest_make_collect_report` on the module, with the import as its collect
+step), and its tests are dropped from the session, which then stops at the start of the test loop
+as any session with a collection error does.
+
+The template cannot stand in for a session whose tests use the answer while they are imported
+(`python_tests` checks the tests with `process_mode.template_problems` before it asks for a
+template); `serve` checks again: a stand-in that was called, or reached from any module but the
+collected test modules, makes it refuse (`fork_point(problem)`), and every answer then runs a
+session of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import linecache
+import os
+import sys
+import types
+from typing import Any
+
+import pytest
+
+_BINDINGS: list[tuple[Any, types.ModuleType, list[tuple[str, str | None]]]] = []
+
+
+class _Placeholder:
+    """A name a test module imported from the stand-in: pytest's collection may probe its
+    attributes (it has none); anything else it is used for marks the template unusable."""
+
+    __slots__ = ("attribute", "used")
+
+    def __init__(self, attribute: str, used: list[str]) -> None:
+        self.attribute, self.used = attribute, used
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.used.append(self.attribute)
+        raise RuntimeError(f"the tests called {self.attribute}() while being collected")
+
+
+class _Stub(types.ModuleType):
+    """The answer's module while a template collects the tests."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, "the answer's module, bound in each answer's process")
+        self.__dict__["_used"] = []
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__") and attribute.endswith("__"):
+            raise AttributeError(attribute)
+        return _Placeholder(attribute, self.__dict__["_used"])
+
+
+def stub(name: str) -> types.ModuleType:
+    return _Stub(name)
+
+
+def _bindings(session: Any, module: str) -> tuple[list[tuple[Any, types.ModuleType, list[tuple[str, str | None]]]], str | None]:
+    """In process: for each collected test module (in collection order) that took names from the
+    stand-in, its collector, the module and the (name, attribute or None for the module) pairs;
+    or why the template cannot stand in for a session."""
+    stand_in = sys.modules.get(module)
+    if not isinstance(stand_in, _Stub):
+        return [], f"the answer's module {module} was replaced while the tests were collected"
+    if stand_in.__dict__["_used"]:
+        return [], f"the tests used {', '.join(stand_in.__dict__['_used'][:3])} while being collected"
+
+    def refs(namespace: dict[str, Any]) -> list[tuple[str, str | None]]:
+        return [(name, None if value is stand_in else value.attribute) for name, value in namespace.items()
+                if value is stand_in or isinstance(value, _Placeholder)]
+
+    found, seen = [], set()
+    for item in session.items:
+        node = item.getparent(pytest.Module)
+        if node is not None and node not in seen:
+            seen.add(node)
+            names = refs(vars(node.obj))
+            if names:
+                found.append((node, node.obj, names))
+    modules = {id(mod) for _, mod, _ in found}
+    workspace = os.getcwd().rstrip("/") + "/"
+    for name, mod in list(sys.modules.items()):
+        where = str(getattr(mod, "__file__", None) or "")
+        if id(mod) not in modules and where.startswith(workspace) and refs(dict(vars(mod))):
+            return [], f"{name} takes names from the answer but is not a collected test module with tests"
+    del sys.modules[module]  # each answer's process imports the real one
+    return found, None
+
+
+def serve(session: Any, reporter: Any) -> None:
+    """In the template: get ready, then hand over to the zygote's fork point; returns in each
+    answer's process."""
+    import tidal_zygote_forks
+
+    problem = None
+    if reporter.settings.get("mode") != "out_of_process":
+        _BINDINGS[:], problem = _bindings(session, str(reporter.settings.get("module")))
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.stop_global_capturing()
+    _warm(session)
+    for path in reporter.settings.get("tests", []):
+        path = os.path.abspath(str(path))
+        try:
+            with open(path, encoding="utf-8") as file:
+                lines = file.readlines()
+            linecache.cache[path] = (sum(map(len, lines)), None, lines, path)  # None: never rechecked
+        except OSError:
+            pass
+    tidal_zygote_forks.fork_point(problem)
+
+
+def _probe() -> None:
+    raise AssertionError("the template's warm-up")
+
+
+def _warm(session: Any) -> None:
+    """Report a failure once, here, and throw the report away: what pytest builds on a process's
+    first failure (inspect's index of module files, compiled regular expressions) each answer's
+    process then inherits instead of building it again."""
+    if not session.items:
+        return
+    try:
+        _probe()
+    except AssertionError as error:
+        from _pytest._code import ExceptionInfo
+
+        str(session.items[0].repr_failure(ExceptionInfo.from_exception(error)))
+
+
+def bind(session: Any, reporter: Any, watch: Any) -> None:
+    """In an answer's process: its channel, nonce and watch (`watch`: the plugin's session start),
+    the held events, its own output capture; in process, the answer bound into the test modules."""
+    held = reporter.bind()
+    watch()
+    for event in held:
+        reporter.emit(event.pop("event"), **event)
+    config = session.config
+    try:
+        from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+        handler_fd = config.stash.get(fault_handler_stderr_fd_key, None)
+    except ImportError:
+        handler_fd = None
+    if handler_fd is not None:
+        os.dup2(2, handler_fd)  # faulthandler writes to the template's copy of stderr: make it this job's
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.start_global_capturing()  # as the session's start does, on this process's descriptors
+        capture.suspend_global_capture()
+    if _BINDINGS:
+        _rebind(session, str(reporter.settings["module"]))
+
+
+def _rebind(session: Any, module: str) -> None:
+    from _pytest.runner import pytest_make_collect_report
+
+    importlib.invalidate_caches()  # the workspace was written after the template looked at it
+    dropped = set()
+    for node, mod, names in _BINDINGS:
+        node.collect = functools.partial(_import_answer, node, mod, names, module)
+        try:
+            report = pytest_make_collect_report(node)
+        finally:
+            del node.collect
+        if not report.passed:
+            node.ihook.pytest_collectreport(report=report)
+            dropped.add(node)
+    if dropped:
+        session.items[:] = [item for item in session.items if item.getparent(pytest.Module) not in dropped]
+        session.testscollected = len(session.items)
+
+
+def _import_answer(node: Any, mod: types.ModuleType, names: list[tuple[str, str | None]], module: str) -> list[Any]:
+    """What importing the test module would have done with the answer, failing as
+    `_pytest.python.importtestmodule` fails."""
+    from _pytest._code import ExceptionInfo, filter_traceback
+    from _pytest.outcomes import skip
+
+    try:
+        answer = importlib.import_module(module)
+        values = {}
+        for name, attribute in names:
+            if attribute is None:
+                values[name] = answer
+                continue
+            try:
+                values[name] = getattr(answer, attribute)
+            except AttributeError:
+                where = getattr(answer, "__file__", None) or "unknown location"
+                raise ImportError(f"cannot import name {attribute!r} from {module!r} ({where})",
+                                  name=module) from None
+    except SyntaxError as error:
+        raise node.CollectError(ExceptionInfo.from_current().getrepr(style="short")) from error
+    except ImportError as error:
+        info = ExceptionInfo.from_current()
+        if node.config.get_verbosity() < 2:
+            info.traceback = info.traceback.filter(filter_traceback)
+        text = str(info.getrepr(style="short") if info.traceback else info.exconly())
+        raise node.CollectError(
+            f"ImportError while importing test module '{node.path}'.\n"
+            "Hint: make sure your test modules/packages have valid Python names.\n"
+            f"Traceback:\n{text}") from error
+    except skip.Exception as error:
+        if error.allow_module_level:
+            raise
+        raise node.CollectError("Using pytest.skip outside of a test will skip the entire module. "
+                                "If that's your intention, pass `allow_module_level=True`.") from error
+    vars(mod).update(values)
+    return []
