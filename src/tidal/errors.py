@@ -109,3 +109,21 @@ class TaskFolderError(TaskFormatError):
 
 class EvalError(TidalError):
     """An evaluation that cannot go on (bad arguments, an out folder of another eval)."""
+
+
+class WeightVerificationError(TidalError):
+    """Weights a rollout worker loaded do not match what the trainer published (checksum or
+    canary logprobs); the worker refuses to generate with them."""
+
+
+class WeightTimeoutError(TidalError):
+    """The weights a rollout worker needs were not published (or could not be fetched) within
+    `pipeline.weight_timeout_s`."""
+
+
+class BackendUnavailableError(TidalError):
+    """A backend that cannot run here (e.g. Ray not installed, or its cluster unreachable)."""
+
+
+class WorkerLostError(TidalError):
+    """A worker died more often than `pipeline.worker_restarts` allows, or a call to it timed out."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tidal.errors import TidalError
+from tidal.errors import WeightTimeoutError, WeightVerificationError
 from tidal.rollout.engine import EmbeddedEngine
 from tidal.trainer.logprobs import token_logprobs
 
@@ -36,16 +36,6 @@ from tidal.trainer.logprobs import token_logprobs
 # every layer, so a weight that did not arrive shows in them.
 CANARY_TEXT = "Canary check: the quick brown fox jumps over the lazy dog, 12 + 35 = 47."
 UNLOADED = -1  # the weight version of a rollout engine that has loaded no publication yet
-
-
-class WeightVerificationError(TidalError):
-    """Weights a rollout worker loaded do not match what the trainer published (checksum or
-    canary logprobs); the worker refuses to generate with them."""
-
-
-class WeightTimeoutError(TidalError):
-    """The weights a rollout worker needs were not published (or could not be fetched) within
-    `pipeline.weight_timeout_s`."""
 
 
 def canary_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:

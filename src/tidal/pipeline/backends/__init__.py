@@ -21,20 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from tidal.errors import TidalError, UnknownNameError
+from tidal.errors import (  # noqa: F401 (re-exported)
+    BackendUnavailableError,
+    UnknownNameError,
+    WorkerLostError,
+)
 from tidal.pipeline.weights import Publication
 from tidal.types import Episode, Score, Task
 
 if TYPE_CHECKING:
     from tidal.pipeline.loop import LoopParts
-
-
-class BackendUnavailableError(TidalError):
-    """A backend that cannot run here (e.g. Ray not installed, or its cluster unreachable)."""
-
-
-class WorkerLostError(TidalError):
-    """A worker died more often than `pipeline.worker_restarts` allows, or a call to it timed out."""
 
 
 class RolloutWorker(Protocol):
