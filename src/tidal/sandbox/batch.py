@@ -127,7 +127,8 @@ class BatchDriver:
         self.layout = layout
         self.diagnostics = {fd: Capped(DIAGNOSTIC_CAP) for fd in streams}
         self.jobs = 0  # jobs handed to the zygote so far; job n runs in `<workspace>/<n>`...
-        self.forks = False  # whether the zygote has templates and companions
+        self.forks = False  # whether the zygote has templates...
+        self.companions = False  # ...and companions
         self.template: str | None = None  # the key of the template the zygote holds...
         self.template_folder = ""  # ...whose jobs run in `<workspace>/<this>`, where it started
         self.templates = 0  # templates started so far
@@ -142,7 +143,7 @@ class BatchDriver:
             raise ZygoteLost(f"the zygote did not start: {ready}{self._tail()}")
         if ready.get("failed"):
             log.info("sandbox batch: preloading %s failed; the jobs import them themselves", ready["failed"])
-        self.forks = bool(ready.get("forks"))
+        self.forks, self.companions = bool(ready.get("forks")), bool(ready.get("companions"))
 
     def run_job(self, job: BatchJob, module: str, args: list[str]) -> SandboxResult:
         """Run one job; ZygoteLost (and `retired` set) when the zygote cannot vouch for it. A
@@ -194,7 +195,7 @@ class BatchDriver:
         }
         if templated:
             message["template"] = self.template
-        companion = getattr(job, "companion", None) if self.forks else None
+        companion = getattr(job, "companion", None) if self.companions else None
         if companion is not None:
             message["companion"] = {"call": companion.call, "env_drop": list(companion.env_drop)}
         out_read, out_write = os.pipe()

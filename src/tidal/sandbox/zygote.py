@@ -8,13 +8,14 @@ command. It may use only the standard library. See docs/design/sandbox.md, "Batc
 Protocol, on the SOCK_SEQPACKET socket whose fd number is in $TIDAL_CONTROL_FD (one JSON object per
 message; the host only trusts what comes over it, never the jobs' output):
 
-    zygote -> host   {"event": "ready", "failed": [modules that did not import]}
+    zygote -> host   {"event": "ready", "failed": [modules that did not import], "forks": whether it has
+                     templates, "companions": whether it has a nursery}
     host -> zygote   {"op": "run", "cwd", "env", "module", "args", "rlimits", "timeout_s"
                      [, "template": key][, "companion": {"call": "module:function", "env_drop": [...]}]}
                      with fds: stdout, stderr[, report channel]
     zygote -> host   {"event": "done", "exit_code", "signal", "timed_out", "wall_s", "cpu_s", "max_rss_mb",
                      "retire", "template"} sent once the job's child has ended, every other process of the
-                     sandbox but the template's is gone, /tmp and /dev/shm are empty and the sandbox has
+                     sandbox but its helpers' (below) is gone, /tmp and /dev/shm are empty and the sandbox has
                      been compared with how the zygote found it; `retire` (a reason, or null) says the job
                      left something a fork inherits or that nothing cleans: its own result stands, but
                      the zygote exits after this message and runs nothing more; `template` is the key
@@ -33,25 +34,28 @@ the report channel as fd 3. The zygote makes itself non-dumpable, so jobs (same 
 it or read its memory; what they can still do to it (kill, stop, renice, lower its rlimits) either
 ends it or is caught by the check it runs after every job.
 
-Templates: many jobs that differ only in a few files (the answers to one task) share a *template*,
-a process forked from the zygote that runs the job's command up to a point the command chooses
-(pytest: its tests collected) and calls `fork_point()`, which there serves forks: each templated
-job is a fork of the template taken at that point, set up as the job's child is (session, fds,
-environment, folder, limits) and continuing from it, in a workspace the host wrote fresh at the
-same path. The template itself runs nothing of any job; it is non-dumpable and in its own session,
-its rlimits, nice value, CPU affinity and scheduler are compared after every job with what they
-were when it became ready, and a template that changed, stopped or died is dropped (the host starts
-a new one). A job's child is forked twice from the template (the middle process exits), so it is
-the zygote's child, the zygote's clock and sweep apply to it unchanged, and it has one process fewer
-to count against RLIMIT_NPROC only when the zygote's own limit leaves no room for the template.
+Templates (zygote_forks.py, shipped beside this file as tidal_zygote_forks.py): many jobs that
+differ only in a few files (the answers to one task) share a *template*, a process forked from the
+zygote that runs the job's command up to a point the command chooses (pytest: its tests collected)
+and calls `tidal_zygote_forks.fork_point()`, which there serves forks: each templated job is a fork
+of the template taken at that point, set up as a job's child is (session, fds, environment, folder,
+limits) and continuing from it, in a workspace the host wrote fresh at the path the template
+started in. The template runs nothing of any job.
 
-Companions: a job may ask for a second process, forked from the zygote (so holding nothing the
-job's child reads or computes: no report nonce, no template state), which calls `module:function`
-with one end of a socket pair once set up like the job (its own session, the job's stdout, stderr,
-folder and limits; the job's environment without the harness's variables and without the harness
-folder on its path; the modules the zygote preloaded forgotten). The job's child gets the other end
-and a pipe on which the zygote writes, when it reaps the companion, its wait status and the processes
-that outlived it ({"status", "left"}); `$TIDAL_COMPANION` says "socket fd,status fd,pid".
+Companions: a job may ask for a second process, which calls `module:function` with one end of a
+socket pair once set up like the job (its own session, the job's stdout, stderr, folder and limits;
+the job's environment without the harness's variables (TIDAL_*, and the prefixes the job names) and
+without the harness folder on its path). It is forked from the *nursery*, a process the zygote
+forks before it preloads anything (it imports the preload names written `companion:module`), so it
+holds nothing the job's child reads or computes (no report nonce, no template) and starts as small
+as a fresh interpreter. The job's child gets the other end of the socket and a pipe on which the
+zygote writes, when it reaps the companion, its wait status and the processes that outlived it
+({"status", "left"}); `$TIDAL_COMPANION` says "socket fd,status fd,pid".
+
+The template and the nursery are checked after every job (zygote_forks.py says how): a template
+that changed is dropped and started again; a nursery that changed retires the zygote. Their
+processes count against the jobs' RLIMIT_NPROC, which the zygote raises by as many as its own hard
+limit allows.
 
 Speed: everything a job's pytest session imports is imported here once; when a job runs pytest, the
 zygote builds pytest's plugin manager and the default plugins' registrations (what
@@ -93,6 +97,7 @@ SCRATCH = ("/tmp", "/dev/shm")  # writable places outside the workspace that out
 UNWATCHED_FILESYSTEMS = {"proc", "sysfs", "devpts", "devtmpfs", "mqueue", "cgroup", "cgroup2"}
 MAX_MESSAGE = 1 << 20
 FD_FLOOR = 10  # a job's extra fds (ready pipe, companion) live from here up
+NURSERY_PREFIX = "companion:"  # a module named so is imported by the companions' nursery, not preloaded
 PYTEST_PROG = "python -m pytest"  # what pytest calls itself when run as `python -m pytest`
 RLIMITS = {
     "cpu": resource.RLIMIT_CPU,
@@ -104,7 +109,6 @@ RLIMITS = {
 }
 
 
-BASE_MODULES: set[str] = set()  # what was imported before the preloads: a companion keeps only these
 _FORKS: Any = None  # the tidal_zygote_forks module, when it was shipped
 
 
@@ -488,11 +492,10 @@ def _run(job: dict[str, Any], fds: list[int], control: socket.socket, protected:
     fds.clear()
     if (job.get("template") or job.get("companion")) and _FORKS is None:
         raise Broken("the job asks for a template or a companion, but tidal_zygote_forks is not here")
-    held = _FORKS.template() if _FORKS is not None else None
-    template = {held[1]} if held is not None else set()
-    if template:
-        job = _job_limits(job, beside=1)
-    companion = _FORKS.Companion(job, stdio, control) if job.get("companion") else None
+    helpers = _FORKS.helpers() if _FORKS is not None else set()
+    if helpers:
+        job = _job_limits(job, beside=len(helpers))
+    companion = _FORKS.Companion(job, stdio) if job.get("companion") else None
     ready_read, ready_write = os.pipe()
     extra = [ready_write, *(companion.theirs if companion is not None else [])]
     companion_pid = companion.pid if companion is not None else None
@@ -514,13 +517,13 @@ def _run(job: dict[str, Any], fds: list[int], control: socket.socket, protected:
         if companion is not None:
             companion.handed_over()
     try:
-        timed_out = _wait(pid, started + float(job["timeout_s"]), companion, protected | template)
+        timed_out = _wait(pid, started + float(job["timeout_s"]), companion, protected | helpers)
         _, status, usage = os.wait4(pid, 0)
     finally:
         if companion is not None:
             companion.close()
     wall_s = time.monotonic() - started
-    reaped = sweep(protected | template)
+    reaped = sweep(protected | helpers)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child and every process it left, reaped
     os.set_blocking(ready_read, False)
     try:
@@ -544,7 +547,6 @@ def send(control: socket.socket, message: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     """`argv`: the jobs' workspace root (the host checks it), then the modules to preload."""
     global _FORKS
-    BASE_MODULES.update(sys.modules)
     sys.modules.setdefault("tidal_zygote", sys.modules[__name__])  # the name tidal_zygote_forks imports
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_ENV)))
     os.set_inheritable(control.fileno(), False)
@@ -556,24 +558,29 @@ def main(argv: list[str]) -> int:
     prctl(PR_SET_DUMPABLE, 0)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     skip = ("/proc", argv[0], *SCRATCH)
-    failed = []
-    for name in argv[1:]:
-        try:
-            __import__(name)
-        except Exception:
-            failed.append(name)
     try:
         import tidal_zygote_forks as forks
 
         _FORKS = forks
     except ImportError:
         pass
+    nursery = [name.removeprefix(NURSERY_PREFIX) for name in argv[1:] if name.startswith(NURSERY_PREFIX)]
+    if nursery and _FORKS is not None:
+        _FORKS.open_nursery(control, nursery)
+    failed = []
+    for name in argv[1:]:
+        if not name.startswith(NURSERY_PREFIX):
+            try:
+                __import__(name)
+            except Exception:
+                failed.append(name)
     modes = {folder: stat.S_IMODE(os.stat(folder).st_mode) for folder in SCRATCH if os.path.isdir(folder)}
     watched = _watched(skip)
     baseline = _state(watched, skip)
     gc.collect()
     gc.freeze()  # children's collections skip (and so do not copy) everything imported so far
-    send(control, {"event": "ready", "failed": failed, "forks": _FORKS is not None})
+    send(control, {"event": "ready", "failed": failed, "forks": _FORKS is not None,
+                   "companions": _FORKS is not None and bool(_FORKS.helpers())})
     while True:
         message, fds, flags, _ = socket.recv_fds(control, MAX_MESSAGE, 3)
         try:
@@ -590,16 +597,13 @@ def main(argv: list[str]) -> int:
                 result = _run(job, fds, control, protected)
             _clean_scratch(modes)
             reaped = result.pop("reaped")
-            if _FORKS is not None:
-                _FORKS.check_template(reaped)
+            result["retire"] = _FORKS.check_helpers(reaped) if _FORKS is not None else None
             state = _state(watched, skip)
             changed = [key for key, value in state.items() if value != baseline[key]]
-            result["retire"] = None
             if changed:  # this job's own result stands; the next job would not run in a clean sandbox
                 paths = sorted({path for path, _ in set(state["files"].items()) ^ set(baseline["files"].items())})
                 result["retire"] = f"a job changed the sandbox's {', '.join(changed)} {paths[:5] if paths else ''}".rstrip()
-            held = _FORKS.template() if _FORKS is not None else None
-            result["template"] = held[0] if held is not None else None
+            result["template"] = _FORKS.template() if _FORKS is not None else None
         except Exception as error:  # whatever went wrong, the host must not trust this sandbox any more
             detail = str(error) if isinstance(error, Broken) else f"{type(error).__name__}: {error}"
             if not (isinstance(error, OSError) and error.errno == errno.EPIPE):

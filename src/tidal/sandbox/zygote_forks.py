@@ -1,10 +1,21 @@
-"""Templates and companions for the zygote (zygote.py): forks that are not plain jobs.
+"""Templates and companions for the zygote (zygote.py): job processes that are not plain forks of it.
 
 Not imported by tidal: shipped beside the zygote as the harness file `tidal_zygote_forks.py`, which
 the zygote imports when it is there (the pool and `python_tests` ship it); pytest_template.py calls
 `fork_point` in a template. It may use only the standard library and the zygote itself (imported as
 `tidal_zygote`, the name the running zygote gives itself). The protocol and the guarantees are in
 the zygote's docstring.
+
+Two long-lived helper processes may run beside the zygote, each forked from it, each in its own
+session and non-dumpable, neither a subreaper, each serving forks over a socket only the zygote
+holds: the *nursery*, forked before the zygote preloads anything, from which companions are forked
+(so a companion starts as small as a fresh interpreter), and the *template* of the task at hand.
+A process they fork goes through a middle process that exits at once, so it is the zygote's child
+(the nearest subreaper): the zygote waits for it, reaps it and sweeps after it as for a plain job.
+After every job the zygote checks both helpers: one that died, stopped, or has other rlimits, nice
+value, CPU affinity or scheduler than when it started (what a fork inherits that a job's process,
+same user, could change from outside) is dropped: a template is started again for the next job
+that asks for it; without a nursery the zygote runs no more companions and retires.
 """
 
 from __future__ import annotations
@@ -15,15 +26,275 @@ import json
 import os
 import resource
 import select
+import fcntl
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import tidal_zygote as zygote
 
-TEMPLATE_REPLY_S = 10.0  # how long a template may take to fork a job
+REPLY_S = 10.0  # how long a helper may take to fork a process
+
+
+@dataclasses.dataclass
+class _Helper:
+    """The zygote's view of a helper process."""
+
+    pid: int
+    channel: socket.socket
+    key: str = ""  # a template: the key of the jobs it serves
+    state: dict[str, Any] | None = None  # what its forks inherit, taken once it is ready
+
+
+_NURSERY: _Helper | None = None
+_TEMPLATE: _Helper | None = None
+_FORK_CHANNEL: socket.socket | None = None  # in a template process: its end of the zygote's socket
+_FORKED = False  # in a job forked from a template
+
+
+def helpers() -> set[int]:
+    """The pids of the helpers alive now (the sweep spares them)."""
+    return {helper.pid for helper in (_NURSERY, _TEMPLATE) if helper is not None}
+
+
+def template() -> str | None:
+    """The key of the template the zygote holds, if any."""
+    return _TEMPLATE.key if _TEMPLATE is not None else None
+
+
+def _process_state(pid: int) -> tuple[dict[str, Any], str]:
+    """What a fork of process `pid` inherits that another process of the same user can change, and
+    its run state ('T': stopped)."""
+    with open(f"/proc/{pid}/stat", "rb") as file:
+        data = file.read()
+    attributes = {
+        "rlimits": {name: resource.prlimit(pid, number) for name, number in zygote.RLIMITS.items()},
+        "nice": os.getpriority(os.PRIO_PROCESS, pid),
+        "affinity": sorted(os.sched_getaffinity(pid)),
+        "scheduler": os.sched_getscheduler(pid),
+    }
+    return attributes, data[data.rindex(b")") + 2:].split()[0].decode()
+
+
+def _kill(helper: _Helper, reaped: bool = False) -> None:
+    """End a helper; it is not killed when it was reaped already (its pid may be reused by now)."""
+    helper.channel.close()
+    if not reaped:
+        try:
+            os.kill(helper.pid, signal.SIGKILL)
+            os.waitpid(helper.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def _unchanged(helper: _Helper, reaped: set[int]) -> bool:
+    if helper.pid in reaped:
+        return False
+    try:
+        attributes, run_state = _process_state(helper.pid)
+    except (OSError, ValueError):
+        return False
+    if helper.state is None:
+        helper.state = attributes  # the first check, right after it started
+    return run_state not in ("T", "t") and attributes == helper.state
+
+
+def check_helpers(reaped: set[int]) -> str | None:
+    """After a job: drop a helper that died, stopped or was changed; why the zygote must retire
+    (the nursery is gone), or None."""
+    global _NURSERY, _TEMPLATE
+    if _TEMPLATE is not None and not _unchanged(_TEMPLATE, reaped):
+        _kill(_TEMPLATE, _TEMPLATE.pid in reaped)
+        _TEMPLATE = None
+    if _NURSERY is not None and not _unchanged(_NURSERY, reaped):
+        _kill(_NURSERY, _NURSERY.pid in reaped)
+        _NURSERY = None
+        return "a job killed, stopped or changed the companions' nursery"
+    return None
+
+
+def _ask(helper: _Helper, request: dict[str, Any], fds: list[int]) -> int:
+    """Have `helper` fork a process for `request`; its pid (the zygote's child by now)."""
+    try:
+        socket.send_fds(helper.channel, [json.dumps(request).encode()], fds)
+        if not select.select([helper.channel], [], [], REPLY_S)[0]:
+            raise zygote.Broken("a helper did not fork the job's process in time")
+        reply = json.loads(helper.channel.recv(zygote.MAX_MESSAGE) or b"{}")
+    except (OSError, ValueError) as error:
+        raise zygote.Broken(f"a helper is gone ({error})") from error
+    pid = reply.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        raise zygote.Broken(f"a helper could not fork the job's process: {reply}")
+    return pid
+
+
+def _fork_through(fds: list[int], become: Callable[[], None]) -> int | None:
+    """In a helper: fork a process through a middle process that exits at once, so that it is
+    reparented to the zygote; its pid (-1: the fork failed), or None in it (after `become`)."""
+    pid_read, pid_write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(pid_read)
+            child = os.fork()
+        except BaseException:
+            os._exit(1)
+        if child == 0:
+            try:
+                os.close(pid_write)
+                become()
+            except BaseException:
+                os._exit(zygote.SETUP_FAILED)
+            return None
+        try:
+            os.write(pid_write, str(child).encode())
+        finally:
+            os._exit(0)
+    os.close(pid_write)
+    for fd in fds:
+        os.close(fd)
+    os.waitpid(middle, 0)
+    with os.fdopen(pid_read, "rb") as pipe:
+        data = pipe.read()
+    return int(data) if data else -1
+
+
+def _serve(channel: socket.socket, fork: Callable[[dict[str, Any], list[int]], int | None]) -> None:
+    """A helper's loop: one process per request; returns only in a forked process."""
+    while True:
+        try:
+            message, fds, flags, _ = socket.recv_fds(channel, zygote.MAX_MESSAGE, 8)
+        except OSError:
+            os._exit(0)
+        if not message or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            os._exit(0)
+        pid = fork(json.loads(message), fds)
+        if pid is None:
+            return
+        try:
+            zygote.send(channel, {"pid": pid})
+        except OSError:
+            os._exit(0)
+
+
+def _helper_fds(control: socket.socket, channel: socket.socket) -> int:
+    """In a new helper: the zygote's socket dropped, its own moved up, every other fd above the
+    standard streams closed; its own fd."""
+    control.detach()
+    fd = fcntl.fcntl(channel.detach(), fcntl.F_DUPFD, zygote.FD_FLOOR)
+    os.closerange(3, fd)
+    os.closerange(fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    return fd
+
+
+# ----------------------------------------------------------------------------- companions
+
+
+def open_nursery(control: socket.socket, modules: list[str]) -> None:
+    """Called by the zygote before it preloads anything: start the nursery, which imports
+    `modules` (what companions call) once for all of them."""
+    global _NURSERY
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = zygote.SETUP_FAILED
+        try:
+            ours.detach()
+            os.setsid()
+            channel = socket.socket(fileno=_helper_fds(control, theirs))
+        except BaseException:
+            os._exit(code)
+        for module in modules:
+            try:
+                __import__(module)
+            except Exception:  # noqa: BLE001 - the companion's own import says what is wrong
+                pass
+        _serve(channel, _fork_companion)
+        os._exit(code)  # not reached: a companion never returns from `_fork_companion`
+    theirs.close()
+    _NURSERY = _Helper(pid, ours)
+
+
+def _fork_companion(request: dict[str, Any], fds: list[int]) -> int | None:
+    """In the nursery: fork a companion (the callee is imported here, once, for the later ones)."""
+    module, _, name = str(request["companion"]["call"]).partition(":")
+    try:
+        function = getattr(__import__(module, fromlist=["_"]), name)
+    except (ImportError, AttributeError):
+        for fd in fds:
+            os.close(fd)
+        return -1
+    pid = _fork_through(fds, lambda: _companion(request, fds, function))
+    if pid is None:
+        os._exit(zygote.SETUP_FAILED)  # not reached: a companion never returns
+    return pid
+
+
+def _companion(job: dict[str, Any], fds: list[int], function: Callable[[int], Any]) -> None:
+    """Become the job's companion and call its function. Never returns."""
+    spec = job["companion"]
+    drop = tuple(spec.get("env_drop", ())) + ("TIDAL_",)
+    harness = os.path.dirname(os.path.abspath(__file__))
+    env = {name: value for name, value in job["env"].items() if not name.startswith(drop)}
+    env["PYTHONPATH"] = os.pathsep.join(path for path in env.get("PYTHONPATH", "").split(os.pathsep)
+                                        if path and os.path.abspath(path) != harness)
+    (fd,) = zygote.become_job({**job, "env": env}, fds[:2], fds[2:], close_others=True)
+    sys.path[:] = [job["cwd"], *(path for path in sys.path[1:] if os.path.abspath(path) != harness)]
+    code = zygote.SETUP_FAILED
+    try:
+        code = zygote.run_main(lambda: function(fd))
+    finally:
+        os._exit(code)
+
+
+class Companion:
+    """A job's companion (zygote docstring), forked by the nursery, reaped here; `theirs` are the
+    job's ends (its socket and the status pipe)."""
+
+    def __init__(self, job: dict[str, Any], stdio: list[int]) -> None:
+        if _NURSERY is None:
+            raise zygote.Broken("the companions' nursery is gone")
+        ours, theirs = socket.socketpair()
+        request = {"cwd": job["cwd"], "env": job["env"], "rlimits": job["rlimits"], "companion": job["companion"]}
+        try:
+            self.pid = _ask(_NURSERY, request, [*stdio[:2], ours.fileno()])
+        finally:
+            ours.close()
+        self.status_read, self.status_write = os.pipe()
+        self.socket = theirs
+        self.theirs = [theirs.fileno(), self.status_read]
+        self.reported = False
+
+    def handed_over(self) -> None:
+        """The job's process has its ends: close ours."""
+        self.socket.close()
+        os.close(self.status_read)
+        self.theirs = []
+
+    def report(self, exclude: set[int], job: int) -> None:
+        """The companion has exited: reap it and tell the job how it ended and what it left (every
+        process but the job's own tree and `exclude`)."""
+        _, status = os.waitpid(self.pid, 0)
+        table = _table()
+        exclude = exclude | _tree(table, job)
+        left = [[pid, name] for pid, (_, name) in sorted(table.items()) if pid not in exclude]
+        try:
+            os.write(self.status_write, json.dumps({"status": status, "left": left[:20]}).encode())
+        except OSError:
+            pass  # the job is gone or closed its end
+        self.close()
+
+    def close(self) -> None:
+        if not self.reported:
+            self.reported = True
+            os.close(self.status_write)
 
 
 def _table() -> dict[int, tuple[int, str]]:
@@ -56,147 +327,15 @@ def _tree(table: dict[int, tuple[int, str]], root: int) -> set[int]:
     return found
 
 
-# ----------------------------------------------------------------------------- companions
-
-
-class Companion:
-    """A job's companion process (module docstring): forked here, reaped here; `theirs` are the
-    job's ends (its socket and the status pipe)."""
-
-    def __init__(self, job: dict[str, Any], stdio: list[int], control: socket.socket) -> None:
-        ours, theirs = socket.socketpair()
-        self.status_read, self.status_write = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:
-            os.close(self.status_read)
-            os.close(self.status_write)
-            theirs.detach()
-            _companion(job, control, stdio, ours)
-        ours.close()
-        self.socket = theirs
-        self.theirs = [theirs.fileno(), self.status_read]
-        self.reported = False
-
-    def handed_over(self) -> None:
-        """The job's child has its ends: close ours."""
-        self.socket.close()
-        os.close(self.status_read)
-        self.theirs = []
-
-    def report(self, exclude: set[int], job: int) -> None:
-        """The companion has exited: reap it and tell the job how it ended and what it left."""
-        _, status = os.waitpid(self.pid, 0)
-        table = _table()
-        exclude = exclude | _tree(table, job)
-        left = [[pid, name] for pid, (_, name) in sorted(table.items()) if pid not in exclude]
-        try:
-            os.write(self.status_write, json.dumps({"status": status, "left": left[:20]}).encode())
-        except OSError:
-            pass  # the job is gone or closed its end
-        self.close()
-
-    def close(self) -> None:
-        if not self.reported:
-            self.reported = True
-            os.close(self.status_write)
-
-
-def _companion(job: dict[str, Any], control: socket.socket, stdio: list[int], channel: socket.socket) -> None:
-    """Become the job's companion (a fork of the zygote) and call its function. Never returns."""
-    code = zygote.SETUP_FAILED
-    try:
-        control.detach()
-        spec = job["companion"]
-        drop = tuple(spec.get("env_drop", ())) + ("TIDAL_",)
-        harness = os.path.dirname(os.path.abspath(__file__))
-        env = {name: value for name, value in job["env"].items() if not name.startswith(drop)}
-        env["PYTHONPATH"] = os.pathsep.join(path for path in env.get("PYTHONPATH", "").split(os.pathsep)
-                                            if path and os.path.abspath(path) != harness)
-        module, _, name = str(spec["call"]).partition(":")
-        function = getattr(__import__(module, fromlist=["_"]), name)
-        (fd,) = zygote.become_job({**job, "env": env}, stdio[:2], [channel.detach()], close_others=True)
-        sys.path[:] = [job["cwd"], *(path for path in sys.path[1:] if os.path.abspath(path) != harness)]
-        for loaded in [loaded for loaded in sys.modules if loaded not in zygote.BASE_MODULES]:
-            del sys.modules[loaded]  # as in a fresh interpreter, they import anew (and are seen doing it)
-    except BaseException:
-        os._exit(code)
-    try:
-        code = zygote.run_main(lambda: function(fd))
-    finally:
-        os._exit(code)
-
-
 # ----------------------------------------------------------------------------- templates
-
-
-@dataclasses.dataclass
-class _Template:
-    """The zygote's view of its template process."""
-
-    key: str
-    pid: int
-    channel: socket.socket
-    state: dict[str, Any] | None = None  # its attributes a fork inherits, once it is ready
-
-
-_TEMPLATE: _Template | None = None
-_FORK_CHANNEL: socket.socket | None = None  # in a template process: its end of the zygote's socket
-_FORKED = False  # in a job forked from a template
-
-
-def _process_state(pid: int) -> tuple[dict[str, Any], str]:
-    """What a fork of process `pid` inherits that another process of the same user can change, and
-    its run state ('T': stopped)."""
-    with open(f"/proc/{pid}/stat", "rb") as file:
-        data = file.read()
-    attributes = {
-        "rlimits": {name: resource.prlimit(pid, number) for name, number in zygote.RLIMITS.items()},
-        "nice": os.getpriority(os.PRIO_PROCESS, pid),
-        "affinity": sorted(os.sched_getaffinity(pid)),
-        "scheduler": os.sched_getscheduler(pid),
-    }
-    return attributes, data[data.rindex(b")") + 2:].split()[0].decode()
-
-
-def _drop_template(reaped: bool = False) -> None:
-    """Forget the template; kill it unless it was reaped already (its pid may be reused by now)."""
-    global _TEMPLATE
-    template, _TEMPLATE = _TEMPLATE, None
-    if template is None:
-        return
-    template.channel.close()
-    if not reaped:
-        try:
-            os.kill(template.pid, signal.SIGKILL)
-            os.waitpid(template.pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-
-
-def check_template(reaped: set[int]) -> None:
-    """After a job: drop a template that died, stopped or was changed (the host starts another)."""
-    template = _TEMPLATE
-    if template is None:
-        return
-    if template.pid in reaped:
-        _drop_template(reaped=True)
-        return
-    try:
-        attributes, run_state = _process_state(template.pid)
-    except (OSError, ValueError):
-        attributes, run_state = {}, "gone"
-    if template.state is None and run_state not in ("T", "t", "gone"):
-        template.state = attributes  # first check, right after it became ready
-    if run_state in ("T", "t", "gone") or attributes != template.state:
-        _drop_template()
 
 
 def open_template(job: dict[str, Any], fds: list[int], control: socket.socket, protected: set[int]) -> dict[str, Any]:
     """Start a template process for `job` (replacing any other) and wait until it is ready."""
     global _TEMPLATE
-    _drop_template()
+    if _TEMPLATE is not None:
+        _kill(_TEMPLATE)
+        _TEMPLATE = None
     config = zygote.prebuilt_config(job)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     sys.stdout.flush()
@@ -209,17 +348,18 @@ def open_template(job: dict[str, Any], fds: list[int], control: socket.socket, p
     for fd in fds:
         os.close(fd)
     fds.clear()
-    reply = _await(ours, pid, time.monotonic() + float(job["timeout_s"]))
-    _TEMPLATE = _Template(str(job["key"]), pid, ours)
+    reply = _first_word(ours, pid, time.monotonic() + float(job["timeout_s"]))
+    helper = _Helper(pid, ours, key=str(job["key"]))
     ready = reply.get("event") == "ready"
-    if not ready:
-        _drop_template()
+    if ready:
+        _TEMPLATE = helper
+    else:
+        _kill(helper)
     detail = "" if ready else str(reply.get("detail") or f"it exited with {reply.get('exit_code')}")
-    return {"event": "template", "ready": ready, "detail": detail,
-            "reaped": zygote.sweep(protected | ({pid} if ready else set()))}
+    return {"event": "template", "ready": ready, "detail": detail, "reaped": zygote.sweep(protected | helpers())}
 
 
-def _await(channel: socket.socket, pid: int, deadline: float) -> dict[str, Any]:
+def _first_word(channel: socket.socket, pid: int, deadline: float) -> dict[str, Any]:
     """The template's first message, or why there is none."""
     while True:
         left = deadline - time.monotonic()
@@ -260,10 +400,10 @@ def _template(job: dict[str, Any], control: socket.socket, stdio: list[int], cha
 
 
 def fork_point(problem: str | None = None) -> None:
-    """Called by a job's own code in a template process (see the module docstring): says the
+    """Called by a job's own code in a template process (see the zygote's docstring): says the
     template is ready, then forks one process per templated job the zygote asks for, and returns
-    only in those, each set up as its job. With `problem`, says the template cannot serve and exits.
-    RuntimeError outside a template process."""
+    only in those, each set up as its job. With `problem`, says the template cannot serve and
+    exits. RuntimeError outside a template process."""
     global _FORK_CHANNEL, _FORKED
     channel = _FORK_CHANNEL
     if channel is None:
@@ -280,85 +420,29 @@ def fork_point(problem: str | None = None) -> None:
     gc.collect()
     gc.freeze()
     zygote.send(channel, {"event": "ready"})
-    while True:
-        try:
-            message, fds, flags, _ = socket.recv_fds(channel, zygote.MAX_MESSAGE, 8)
-        except OSError:
-            os._exit(0)
-        if not message or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-            os._exit(0)
-        request = json.loads(message)
-        pid = _fork_job(request, fds, channel)
-        if pid is None:
-            _FORK_CHANNEL, _FORKED = None, True
-            return
-        try:
-            zygote.send(channel, {"event": "forked", "pid": pid})
-        except OSError:
-            os._exit(0)
+    _serve(channel, _fork_job)
+    _FORK_CHANNEL, _FORKED = None, True
 
 
-def _fork_job(request: dict[str, Any], fds: list[int], channel: socket.socket) -> int | None:
-    """In the template: fork the job's process through a middle process that exits at once, so the
-    job's process is reparented to the zygote (the nearest subreaper); its pid, or None in it."""
-    stdio, extra = fds[:request["stdio"]], fds[request["stdio"]:]
-    pid_read, pid_write = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    middle = os.fork()
-    if middle == 0:
-        try:
-            os.close(pid_read)
-            child = os.fork()
-        except BaseException:
-            os._exit(1)
-        if child == 0:
-            try:
-                os.close(pid_write)
-                os.close(channel.detach())
-                ready, *companion_fds = zygote.become_job(request, stdio, extra, close_others=False)
-                if request.get("companion") is not None:
-                    os.environ[zygote.COMPANION_ENV] = ",".join(map(str, [*companion_fds, request["companion"]]))
-                os.write(ready, b"1")
-                os.close(ready)
-            except BaseException:
-                os._exit(zygote.SETUP_FAILED)
-            return None
-        try:
-            os.write(pid_write, str(child).encode())
-        finally:
-            os._exit(0)
-    os.close(pid_write)
-    for fd in fds:
-        os.close(fd)
-    os.waitpid(middle, 0)
-    with os.fdopen(pid_read, "rb") as pipe:
-        data = pipe.read()
-    return int(data) if data else -1
+def _fork_job(request: dict[str, Any], fds: list[int]) -> int | None:
+    """In the template: fork a job's process, set up as the job."""
+    def become() -> None:
+        assert _FORK_CHANNEL is not None
+        os.close(_FORK_CHANNEL.detach())
+        stdio, extra = fds[:request["stdio"]], fds[request["stdio"]:]
+        ready, *companion = zygote.become_job(request, stdio, extra, close_others=False)
+        if request.get("companion") is not None:
+            os.environ[zygote.COMPANION_ENV] = ",".join(map(str, [*companion, request["companion"]]))
+        os.write(ready, b"1")
+        os.close(ready)
+
+    return _fork_through(fds, become)
 
 
 def templated(job: dict[str, Any], stdio: list[int], extra: list[int], companion: int | None) -> int:
-    """Ask the template for the job's process; its pid (the zygote's child by now)."""
-    template = _TEMPLATE
-    if template is None or template.key != job["template"]:
-        raise zygote.Broken(f"the job asks for template {job['template']}, the zygote holds {template and template.key}")
+    """Have the template fork the job's process; its pid."""
+    if _TEMPLATE is None or _TEMPLATE.key != job["template"]:
+        raise zygote.Broken(f"the job asks for template {job['template']}, the zygote holds {template()}")
     request = {"cwd": job["cwd"], "env": job["env"], "rlimits": job["rlimits"], "stdio": len(stdio),
                "companion": companion}
-    try:
-        socket.send_fds(template.channel, [json.dumps(request).encode()], stdio + extra)
-        if not select.select([template.channel], [], [], TEMPLATE_REPLY_S)[0]:
-            raise zygote.Broken("the template did not fork the job in time")
-        reply = json.loads(template.channel.recv(zygote.MAX_MESSAGE) or b"{}")
-    except (OSError, ValueError) as error:
-        raise zygote.Broken(f"the template is gone ({error})") from error
-    pid = reply.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        raise zygote.Broken(f"the template could not fork the job: {reply}")
-    return pid
-
-
-
-
-def template() -> tuple[str, int] | None:
-    """The zygote's template: (key, pid), or None."""
-    return (_TEMPLATE.key, _TEMPLATE.pid) if _TEMPLATE is not None else None
+    return _ask(_TEMPLATE, request, stdio + extra)

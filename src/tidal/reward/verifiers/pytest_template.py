@@ -147,6 +147,21 @@ def _warm(session: Any) -> None:
         str(session.items[0].repr_failure(ExceptionInfo.from_exception(error)))
 
 
+def _warm_zygote() -> None:
+    """`_warm`'s share that needs no session, once in the zygote for all its templates (most of it:
+    inspect's index of the modules the zygote preloaded)."""
+    try:
+        _probe()
+    except AssertionError as error:
+        from _pytest._code import ExceptionInfo
+
+        str(ExceptionInfo.from_exception(error).getrepr(style="short"))
+
+
+if "tidal_zygote" in sys.modules:  # imported by a zygote, which preloads this module
+    _warm_zygote()
+
+
 def bind(session: Any, reporter: Any, watch: Any) -> None:
     """In an answer's process: its channel, nonce and watch (`watch`: the plugin's session start),
     the held events, its own output capture; in process, the answer bound into the test modules."""

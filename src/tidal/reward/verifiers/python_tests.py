@@ -82,13 +82,14 @@ HARNESS_FILES = {
 }
 # What a batch's zygote imports once: pytest, the plugins every session loads (pytest's
 # `default_plugins`) and what they import when configured, and the harness's own modules (importing
-# them does nothing). A name this pytest lacks only costs time.
+# them does nothing); the candidate server only in the companions' nursery (zygote.py). A name this
+# pytest lacks only costs time.
 PRELOAD = ("pytest", *(f"_pytest.{name}" for name in (
     "mark", "main", "runner", "fixtures", "helpconfig", "python", "terminal", "debugging", "unittest", "capture",
     "skipping", "legacypath", "tmpdir", "monkeypatch", "recwarn", "pastebin", "assertion", "junitxml", "doctest",
     "cacheprovider", "setuponly", "setupplan", "stepwise", "unraisableexception", "threadexception", "warnings",
     "logging", "reports", "faulthandler", "subtests", "_argcomplete")), "pdb", "readline", "faulthandler",
-    "tidal_function_proxy", "tidal_candidate_server", PLUGIN_MODULE, "tidal_pytest_template")
+    "tidal_function_proxy", PLUGIN_MODULE, "tidal_pytest_template", "companion:tidal_candidate_server")
 # The answer's process out of process, in a zygote: forked from it, not a fresh interpreter.
 CANDIDATE = Companion("tidal_candidate_server:serve", env_drop=("PYTEST_",))
 # Files whose appearance in the workspace during a run changes how pytest or Python behaves.
@@ -194,6 +195,11 @@ class Report:
 
     events: list[dict[str, Any]]
     forged: int
+    by_kind: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for event in self.events:
+            self.by_kind.setdefault(str(event.get("event")), []).append(event)
 
     @classmethod
     def parse(cls, data: bytes, nonce: str, truncated: bool) -> Report:
@@ -216,7 +222,7 @@ class Report:
         return cls(events, forged)
 
     def of(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("event") == kind]
+        return list(self.by_kind.get(kind, ()))
 
 
 def _plugin_files(report: Report, allowed: set[str]) -> list[str]:
