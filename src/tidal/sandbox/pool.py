@@ -66,6 +66,7 @@ class PoolStats:
     evicted: int = 0  # idle zygotes closed to make room for one of another key
     jobs: int = 0  # jobs handed to zygotes
     unvouched: int = 0  # jobs that came back None
+    templates: int = 0  # templates the zygotes were asked to start (zygote.py, "Templates")
     peak_busy: int = 0  # the most jobs (batched or single) that ran at once
 
 
@@ -228,9 +229,12 @@ class SandboxPool:
                 self.stats.unvouched += 1
             return None
         result = None
+        templates = entry.zygote.driver.templates
         try:
             result = entry.zygote.run(job)
         finally:
+            with self._cond:
+                self.stats.templates += entry.zygote.driver.templates - templates
             self._release(entry, vouched=result is not None)
         return result
 

@@ -1,0 +1,113 @@
+"""python_tests from a template (pytest_template.py): a task's tests collected once per zygote and
+forked once per answer score every answer exactly as a pytest session of its own does, in both
+modes, whatever the answer does at import; tests a template cannot stand in for run whole
+sessions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tidal.reward import ScoringContext, get_verifier
+from tidal.reward.verifiers.process_mode import template_problems
+from tidal.reward.verifiers.python_tests import python_tests_batch
+from tidal.sandbox.pool import SandboxPool
+from tidal.types import Outcome, Score, Task
+
+TESTS = {
+    "test_a.py": "from solution import sum_evens\nimport solution as s\n\n\n"
+                 "def test_basic():\n    assert sum_evens([1, 2, 3, 4]) == 6\n\n\n"
+                 "def test_module():\n    assert s.sum_evens([]) == 0\n",
+    "test_b.py": "import pytest\n\nfrom solution import sum_evens as se\n\n\n"
+                 "@pytest.mark.parametrize('xs, want', [([2], 2), ([-2, 3], -2)])\n"
+                 "def test_more(xs, want):\n    assert se(xs) == want\n",
+    "test_c.py": "def test_without_the_answer():\n    assert 1 + 1 == 2\n",
+    "conftest.py": "import pytest\n\n\n@pytest.fixture\ndef numbers():\n    return [1, 2]\n",
+}
+CORRECT = "def sum_evens(xs):\n    return sum(x for x in xs if x % 2 == 0)\n"
+ANSWERS = {
+    "correct": CORRECT,
+    "wrong": "def sum_evens(xs):\n    return 0\n",
+    "partly right": "def sum_evens(xs):\n    return sum(x for x in xs if x % 2 == 0 and x > 0)\n",
+    "syntax error": "def sum_evens(xs) return 0\n",
+    "missing name": "def other(xs):\n    return 0\n",
+    "raises at import": "raise ValueError('not today')\n" + CORRECT,
+    "memory at import": "blob = bytearray(8 * 1024 ** 3)\n" + CORRECT,
+    # Fails the first import only: pytest imports it again for the next test module, and so must a template.
+    "fails once": "import os\nif not os.path.exists('flag'):\n    open('flag', 'w').close()\n"
+                  "    raise ImportError('the first time')\n" + CORRECT,
+    "exits at import": "import os\nos._exit(3)\n",
+    "hangs": "def sum_evens(xs):\n    while True:\n        pass\n",
+    "daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\n    os._exit(0)\n" + CORRECT,
+}
+
+
+def task(mode: str, tests: dict[str, str] | None = None) -> Task:
+    return Task(id=f"code/template-{mode}", domain="code", prompt="Write sum_evens(xs).",
+                verifier={"name": "python_tests", "mode": mode}, tests=tests or TESTS, limits={"timeout_s": 4})
+
+
+@pytest.fixture
+def pool(sandboxed: ScoringContext) -> Iterator[SandboxPool]:
+    with SandboxPool(sandboxed.sandbox(), size=1) as pool:
+        yield pool
+
+
+def outcomes(scores: list[Score]) -> list[tuple[float, Outcome]]:
+    return [(round(score.value, 6), score.outcome) for score in scores]
+
+
+@pytest.mark.parametrize("mode", ["in_process", "out_of_process"])
+def test_a_template_scores_every_answer_as_a_session_of_its_own(
+    pool: SandboxPool, sandboxed: ScoringContext, mode: str
+) -> None:
+    answers = list(ANSWERS.values())
+    batched = python_tests_batch(task(mode), answers, ScoringContext(pool))  # type: ignore[arg-type]
+    assert pool.stats.templates == 1 and pool.stats.unvouched == 0  # one template served them all
+    single = [get_verifier("python_tests")(task(mode), answer, sandboxed) for answer in answers]
+    for name, one, alone in zip(ANSWERS, batched, single):
+        assert (round(one.value, 6), one.outcome) == (round(alone.value, 6), alone.outcome), (name, one.detail, alone.detail)
+        assert one.info.get("tamper") == alone.info.get("tamper") or name == "daemon", name
+    verdicts = dict(zip(ANSWERS, outcomes(batched)))
+    assert verdicts["correct"] == (1.0, Outcome.PASSED) and verdicts["wrong"] == (0.4, Outcome.FAILED)
+    assert verdicts["hangs"][1] is Outcome.TIMEOUT and verdicts["daemon"][1] is Outcome.TAMPERED
+    assert verdicts["memory at import"][1] is Outcome.MEMORY_LIMIT
+    if mode == "in_process":  # the failed import is the first test module's collection error only...
+        failing = batched[list(ANSWERS).index("fails once")].info["failing"]
+        assert "test_a.py::test_basic (did not run)" in failing
+        assert "test_b.py::test_more[xs0-2] (did not run)" in failing  # ...the second one was collected
+
+
+def test_tests_that_need_the_answer_while_imported_run_whole_sessions(pool: SandboxPool) -> None:
+    tests = {"test_a.py": "from solution import sum_evens\nEXPECTED = sum_evens([2])\n\n\n"
+                          "def test_basic():\n    assert sum_evens([1, 2, 3, 4]) == 6\n"}
+    scores = python_tests_batch(task("in_process", tests), [CORRECT, ANSWERS["wrong"]], ScoringContext(pool))  # type: ignore[arg-type]
+    assert outcomes(scores) == [(1.0, Outcome.PASSED), (0.0, Outcome.FAILED)]
+    assert pool.stats.templates == 0
+
+
+def test_template_problems() -> None:
+    paths = ["test_a.py", "test_b.py", "test_c.py"]
+    assert template_problems("in_process", "solution.py", TESTS, {}, paths) == []
+    assert template_problems("out_of_process", "solution.py", TESTS, {}, paths) == []
+    hooks = {**TESTS, "conftest.py": "def pytest_collection_modifyitems(items):\n    items.reverse()\n"}
+    assert "conftest.py: line 1: defines the hook pytest_collection_modifyitems" in template_problems(
+        "out_of_process", "solution.py", hooks, {}, paths)
+    for source, why in [
+        ("from solution import f\nX = f(1)\n", "uses f while the module is imported"),
+        ("from solution import f\n\n@f\ndef test_a():\n    pass\n", "uses f while the module is imported"),
+        ("from solution import f\n\ndef test_a(g=f):\n    pass\n", "uses f while the module is imported"),
+        ("from solution import f\n\nclass TestX:\n    g = f\n", "uses f while the module is imported"),
+        ("try:\n    from solution import f\nexcept ImportError:\n    f = None\n", "under a statement or in a class"),
+        ("from solution import *\n", "imports * from solution"),
+        ("from solution import test_helper\n", "imports test_helper from solution"),
+        ("import importlib\nM = importlib.import_module('solution')\n", "names the module 'solution'"),
+    ]:
+        found = template_problems("in_process", "solution.py", {"test_a.py": source}, {}, ["test_a.py"])
+        assert any(why in problem for problem in found), (source, found)
+    helper = template_problems("in_process", "solution.py", {"test_a.py": "def test_a():\n    pass\n",
+                                                             "helpers.py": "from solution import f\n"}, {}, ["test_a.py"])
+    assert helper == ["helpers.py: line 1: imports solution but pytest does not collect it"]
+    assert template_problems("in_process", "solution.py", TESTS, {"pytest.ini": "[pytest]\n"}, paths) == [
+        "pytest.ini: a pytest configuration file"]

@@ -1,0 +1,187 @@
+"""Templates and companions (zygote_forks.py): jobs forked from a process that ran their common
+start once, and second processes forked from a nursery that never held anything of a job. Each
+probe fails if a job could see another's workspace or report channel, if a template or nursery a
+job changed went on serving, or if the isolation a plain job gets is not the same here."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tidal.sandbox import SandboxBackend, SandboxResult
+from tidal.sandbox.base import BatchBackend
+from tidal.sandbox.batch import FORKS_FILE, FORKS_SOURCE, Companion, Template, ZygoteJob
+from tidal.types import Limits
+
+# Runs up to the fork point once (in the template), then once per job; without a template (its
+# report channel does not say "template") all of it runs in each job.
+TEMPLATED = """\
+import json, os, socket, sys, time
+
+
+def read(fd):
+    channel = socket.socket(fileno=fd)
+    data = b""
+    while chunk := channel.recv(4096):
+        data += chunk
+    channel.detach()
+    return data.decode()
+
+
+SETUP = {"pid": os.getpid(), "at": time.time()}
+given = read(3)
+if given == "template":
+    if os.path.exists("broken-template"):
+        raise SystemExit(5)
+    import tidal_zygote_forks
+
+    tidal_zygote_forks.fork_point()
+    given = read(3)
+print(json.dumps({"template": SETUP["pid"], "at": SETUP["at"], "me": os.getpid(), "parent": os.getppid(),
+                  "cwd": os.getcwd(), "files": sorted(os.listdir(".")), "report": given,
+                  "fds": sorted(os.listdir("/proc/self/fd"))}))
+sys.stdout.flush()
+exec(os.environ.get("THEN", ""))
+"""
+COMPANION = """\
+import json, os, socket, sys, time
+
+
+def serve(fd):
+    channel = socket.socket(fileno=fd)
+    asked = channel.recv(100)
+    if asked == b"daemon" and os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(30)
+        os._exit(0)
+    channel.sendall(json.dumps({
+        "pid": os.getpid(), "parent": os.getppid(), "cwd": os.getcwd(),
+        "env": sorted(name for name in os.environ if name.startswith(("TIDAL_", "DROP_", "KEEP_"))),
+        "preloaded": "pytest" in sys.modules, "path": [p for p in sys.path if "harness" in p],
+    }).encode())
+    return 3
+"""
+# Talks to its companion, then waits for the zygote to say how the companion ended.
+WITH_COMPANION = """\
+import json, os, select, socket
+sock, status, pid = map(int, os.environ["TIDAL_COMPANION"].split(","))
+channel = socket.socket(fileno=sock)
+channel.sendall(os.environ.get("ASK", "hello").encode())
+seen = json.loads(channel.recv(65536))
+select.select([status], [], [], 10)
+ended = json.loads(os.read(status, 65536))
+print(json.dumps({"seen": seen, "pid": pid, "me": os.getpid(), "parent": os.getppid(),
+                  "exit": os.waitstatus_to_exitcode(ended["status"]), "left": ended["left"]}))
+"""
+HARNESS = {FORKS_FILE: FORKS_SOURCE, "templated.py": TEMPLATED, "comp.py": COMPANION}
+
+
+def templated(backend: SandboxBackend, answer: str, *, then: str = "", broken: bool = False,
+              **limits: float) -> ZygoteJob:
+    files: dict[str, str | bytes] = {"shared.txt": "of the template"}
+    if broken:
+        files["broken-template"] = ""
+    return ZygoteJob([backend.python, "-s", "-B", "-m", "templated"], {"answer.txt": answer},
+                     Limits(**{"timeout_s": 20, **limits}), env={"THEN": then}, report_input=f"nonce {answer}".encode(),
+                     template=Template("key-1", files, b"template"))
+
+
+def batch(backend: SandboxBackend, jobs: list[ZygoteJob], preload: tuple[str, ...] = ()) -> list[SandboxResult | None]:
+    assert isinstance(backend, BatchBackend)
+    return backend.run_batch(jobs, harness_files=HARNESS, preload=preload)
+
+
+def seen(result: SandboxResult | None) -> dict[str, Any]:
+    assert result is not None and result.exit_code == 0, result
+    return json.loads(result.stdout_text.splitlines()[0])
+
+
+def test_jobs_of_a_template_are_forks_of_it_in_their_own_workspace(bwrap: SandboxBackend) -> None:
+    results = batch(bwrap, [templated(bwrap, f"answer {n}") for n in range(3)])
+    runs = [seen(result) for result in results]
+    assert len({one["template"] for one in runs}) == 1  # one template...
+    assert len({one["at"] for one in runs}) == 1  # ...whose start ran once
+    assert all(one["me"] != one["template"] for one in runs)
+    assert len({one["parent"] for one in runs}) == 1 and runs[0]["parent"] != runs[0]["template"]  # the zygote's
+    assert len({one["cwd"] for one in runs}) == 1  # where the template started, written afresh for each
+    for n, one in enumerate(runs):
+        assert one["files"] == ["answer.txt"]  # its own files, not the template's or another job's
+        assert one["report"] == f"nonce answer {n}"
+        assert one["fds"] == ["0", "1", "2", "3", "4"]  # std streams, its channel, listdir's own
+
+
+def test_a_template_that_does_not_start_leaves_its_jobs_to_run_whole(bwrap: SandboxBackend) -> None:
+    runs = [seen(result) for result in batch(bwrap, [templated(bwrap, f"a{n}", broken=True) for n in range(2)])]
+    assert [one["template"] for one in runs] == [one["me"] for one in runs]  # each ran from the start
+    assert [one["report"] for one in runs] == ["nonce a0", "nonce a1"]
+
+
+@pytest.mark.parametrize("attack", [
+    "os.setpriority(os.PRIO_PROCESS, SETUP['pid'], 19)",
+    "import resource; resource.prlimit(SETUP['pid'], resource.RLIMIT_NOFILE, (16, 16))",
+    "import signal; os.kill(SETUP['pid'], signal.SIGSTOP)",
+    "import signal; os.kill(SETUP['pid'], signal.SIGKILL)",
+])
+def test_a_template_a_job_changed_serves_no_other_job(bwrap: SandboxBackend, attack: str) -> None:
+    jobs = [templated(bwrap, "first"), templated(bwrap, "attacker", then=attack), templated(bwrap, "third")]
+    first, attacker, third = (seen(result) for result in batch(bwrap, jobs))
+    assert first["template"] == attacker["template"]  # the attacker's own result stands
+    assert third["template"] != first["template"]  # a fresh template, started after the attack
+    assert third["report"] == "nonce third"
+
+
+def test_a_templated_job_gets_the_limits_and_clock_of_a_plain_one(bwrap: SandboxBackend) -> None:
+    loop = templated(bwrap, "loop", then="while True:\n    pass", timeout_s=1.5)
+    memory = templated(bwrap, "memory", then="x = bytearray(4 * 1024 ** 3)", memory_mb=256)
+    results = batch(bwrap, [loop, memory, templated(bwrap, "fine")])
+    assert results[0] is not None and results[0].status.value == "timeout"
+    assert results[1] is not None and results[1].status.value == "memory_limit"
+    assert seen(results[2])["report"] == "nonce fine"
+
+
+def with_companion(backend: SandboxBackend, ask: str = "hello") -> ZygoteJob:
+    return ZygoteJob([backend.python, "-s", "-B", "-m", "main"], {"main.py": WITH_COMPANION}, Limits(timeout_s=20),
+                     env={"ASK": ask, "DROP_ME": "1", "KEEP_ME": "1"},
+                     companion=Companion("comp:serve", env_drop=("DROP_",)))
+
+
+def test_a_companion_is_a_fresh_process_beside_its_job(bwrap: SandboxBackend) -> None:
+    results = batch(bwrap, [with_companion(bwrap), with_companion(bwrap)], preload=("pytest", "companion:comp"))
+    for result in results:
+        one = seen(result)
+        companion = one["seen"]
+        assert companion["pid"] == one["pid"] != one["me"]
+        assert companion["parent"] == one["parent"]  # the zygote's child, as its job
+        assert companion["cwd"].startswith("/workspace/")
+        assert companion["env"] == ["KEEP_ME"]  # no harness variables, none the job dropped
+        assert companion["preloaded"] is False and companion["path"] == []  # nothing the zygote preloaded
+        assert one["exit"] == 3 and one["left"] == []
+
+
+def test_what_a_companion_leaves_running_is_reported_to_its_job(bwrap: SandboxBackend) -> None:
+    (result,) = batch(bwrap, [with_companion(bwrap, ask="daemon")], preload=("companion:comp",))
+    assert len(seen(result)["left"]) == 1  # the detached grandchild, found when the zygote reaped the companion
+
+
+def test_a_job_that_changes_the_nursery_retires_its_zygote(bwrap: SandboxBackend) -> None:
+    renice_siblings = (  # the zygote's other children: the nursery (and a template, if any)
+        "import os\n"
+        "for entry in os.listdir('/proc'):\n"
+        "    if entry.isdigit() and int(entry) != os.getpid():\n"
+        "        try:\n"
+        "            stat = open(f'/proc/{entry}/stat').read()\n"
+        "        except OSError:\n"
+        "            continue\n"
+        "        if int(stat.rsplit(')', 1)[1].split()[1]) == os.getppid():\n"
+        "            os.setpriority(os.PRIO_PROCESS, int(entry), 19)\n"
+        "print('done')\n"
+    )
+    attacker = ZygoteJob([bwrap.python, "-s", "-B", "-m", "main"], {"main.py": renice_siblings}, Limits(timeout_s=20))
+    first, second, third = batch(bwrap, [with_companion(bwrap), attacker, with_companion(bwrap)],
+                               preload=("companion:comp",))
+    assert seen(first)["exit"] == 3
+    assert second is not None and second.stdout_text == "done\n"  # its own result stands
+    assert third is None  # the caller runs it alone
