@@ -1,6 +1,6 @@
 """The asynchronous RL loop: generation, scoring and training overlap, with bounded staleness.
 
-    sampler thread:  wait for admission -> draw tasks -> sample ----------------------> queue (1)
+    sampler threads: wait for admission -> draw tasks -> sample -> (in step order) --> queue (1)
     scorer thread:   queue -> score (sandboxes) -> gate -> watch -> advantages -> store -> queue
     trainer (caller): queue -> update -> mark_trained -> publish weights -> checkpoint -> metrics
 
@@ -16,11 +16,21 @@ sample is thrown away for being slow (which would bias training toward short, ea
 The generation and scoring work runs on a backend (`pipeline.backend`, `pipeline/backends/`):
 `local` does it on the sampler and scorer threads, `ray` in Ray actors that these threads call.
 Either way the threads, the mixer, the watch, the store and the checkpoints stay here, so
-exactly-once and resume do not depend on the backend. The rollout worker samples from its own
+exactly-once and resume do not depend on the backend. With `pipeline.rollout_workers: N`, N sampler
+threads each drive one rollout worker: the first free one claims the next batch (claims, admission
+and task draws happen in step order, under one lock), generates it, and hands it on when every
+earlier batch has been handed on, so the scorer and the trainer still see batches in step order.
+Each rollout worker samples from its own
 copy of the policy: after each update the trainer publishes its weights (versioned, checksummed,
 with canary logprobs: `pipeline/weights.py`) to a `WeightChannel`; the sampler hands the newest
 publication to the worker with the next batch, and the worker loads and verifies it *between*
 batches, so it never generates while the weights change and the trainer never waits for it.
+
+Ratio control (`pipeline.ratio_control`): a window bounds the batches in flight ahead of the
+trainer (started by a sampler, not yet taken by the trainer), inside what the staleness bound and
+the queues allow; `RatioController` moves it by one from each step's idle times, raising it when
+the trainer waited for its batch and lowering it when the buffer was full or the samplers waited
+while the trainer did not.
 
 Off-policy correction: the loss's old logprobs are the sampler's (the behaviour policy's), so
 PPO-clip's ratio pi_theta / pi_behaviour is the importance weight and its clip truncates it
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -58,6 +69,8 @@ from tidal.storage.store import TrajectoryStore, open_run_store
 from tidal.trainer.logprobs import collate
 from tidal.types import Episode, Task
 
+logger = logging.getLogger(__name__)
+
 POLL_S = 0.2  # how often a waiting thread looks at the stop flag
 
 
@@ -74,6 +87,7 @@ class SampledBatch:
     episodes: list[Episode]
     timings: dict[str, float]  # generate_s, sampler_idle_s
     mixer_state: dict[str, Any]  # the mixer right after drawing this batch's tasks
+    worker: int = 0  # the rollout worker that generated it
 
 
 @dataclass
@@ -89,6 +103,7 @@ class ScoredBatch:
     watch_metrics: dict[str, Any] = field(default_factory=dict)
     domains_state: dict[str, Any] | None = None  # the per-domain state after this batch
     domains_metrics: dict[str, float] = field(default_factory=dict)
+    worker: int = 0  # the rollout worker that generated it
 
 
 @dataclass
@@ -122,51 +137,114 @@ class _LockedMixer:
             self.mixer.exclude(task_id)
 
 
+class _Window:
+    """The batches in flight ahead of the trainer: batch `b` may start only while
+    `b < taken + limit`, `taken` being the batches the trainer has taken. Without ratio control
+    `limit` is the staleness bound's (max_staleness + 1), which never binds before admission does."""
+
+    def __init__(self, limit: int, taken: int) -> None:
+        self.limit, self.taken = limit, taken
+        self.changed = threading.Condition()
+
+    def set_limit(self, limit: int) -> None:
+        with self.changed:
+            self.limit = limit
+            self.changed.notify_all()
+
+    def took(self, step: int) -> None:
+        with self.changed:
+            self.taken = step + 1
+            self.changed.notify_all()
+
+    def wait_for_room(self, step: int, stop: threading.Event) -> bool:
+        """True once batch `step` may start; False if stopped first."""
+        with self.changed:
+            while not stop.is_set():
+                if step < self.taken + self.limit:
+                    return True
+                self.changed.wait(POLL_S)
+        return False
+
+
+class _Steps:
+    """The sampler threads' shared order: which batch is claimed next (claims, admission and task
+    draws happen one thread at a time, under `claim`), and which is handed on next."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.next_claim, self.next_out, self.end = start, start, end
+        self.claim = threading.Lock()
+        self.turn = threading.Condition()
+
+    def hand_on(self, batch: SampledBatch, out: queue.Queue, stop: threading.Event) -> bool:
+        """Queues `batch` once every batch before it was handed on; False if stopped first."""
+        with self.turn:
+            while self.next_out != batch.step:
+                if stop.is_set():
+                    return False
+                self.turn.wait(POLL_S)
+        if _put(out, batch, stop) is None:  # outside the lock: the next batch's thread only waits for its turn
+            return False
+        with self.turn:
+            self.next_out += 1
+            self.turn.notify_all()
+        return True
+
+
 class _Sampler(threading.Thread):
-    """Generates `SampledBatch`es for steps [start, end) in order, within the staleness bound."""
+    """One rollout worker's thread: claims the next batch of [start, end) when free, generates
+    it within the staleness bound and the window, and hands it on in step order."""
 
     def __init__(
-        self, parts: LoopParts, rollout: RolloutWorker, channel: WeightChannel, mixer_lock: threading.Lock,
-        out: queue.Queue, stop: threading.Event, start: int, end: int,
+        self, parts: LoopParts, worker: int, rollout: RolloutWorker, channel: WeightChannel,
+        mixer_lock: threading.Lock, window: _Window, steps: _Steps, out: queue.Queue, stop: threading.Event,
     ) -> None:
-        super().__init__(name="tidal-sampler", daemon=True)
-        self.parts, self.rollout = parts, rollout
-        self.channel, self.mixer_lock, self.out, self.stop = channel, mixer_lock, out, stop
-        self.first, self.end = start, end
+        super().__init__(name=f"tidal-sampler-{worker}", daemon=True)
+        self.parts, self.worker, self.rollout = parts, worker, rollout
+        self.channel, self.mixer_lock, self.window, self.steps = channel, mixer_lock, window, steps
+        self.out, self.stop = out, stop
 
     def run(self) -> None:
         try:
-            waited = 0.0  # for room in the queue; counted in the next batch (this one is no longer ours)
-            for step in range(self.first, self.end):
-                batch = self._sample(step)
+            waited = 0.0  # to hand the previous batch on; counted in the next (that one is no longer ours)
+            while True:
+                batch = self._sample()
                 if batch is None:
                     return
                 batch.timings["sampler_idle_s"] += waited
-                waited = _put(self.out, batch, self.stop)
-                if waited is None:
+                mark = time.perf_counter()
+                if not self.steps.hand_on(batch, self.out, self.stop):
                     return
+                waited = time.perf_counter() - mark
         except BaseException as error:  # noqa: BLE001 - passed on through the scorer to the trainer
             _put(self.out, _Failure(error), self.stop)
 
-    def _sample(self, step: int) -> SampledBatch | None:
+    def _sample(self) -> SampledBatch | None:
+        """The next unclaimed batch, generated; None when there is none left or the run stops."""
         parts, cfg = self.parts, self.parts.config
         mark = time.perf_counter()
-        # Admission: wait until weights recent enough for batch `step` are published.
-        need = step - cfg.algorithm.max_staleness
-        publication = self.channel.wait_for(need, cfg.pipeline.weight_timeout_s, self.stop, POLL_S)
-        if publication is None:
-            return None
-        timings = {"sampler_idle_s": time.perf_counter() - mark}
-        with self.mixer_lock:
-            tasks = parts.mixer.sample(parts.domains.tasks_to_draw() if parts.domains else cfg.tasks.tasks_per_step, step)
-            mixer_state = copy.deepcopy(parts.mixer.state_dict())
+        with self.steps.claim:
+            step = self.steps.next_claim
+            if step >= self.steps.end:
+                return None
+            self.steps.next_claim += 1
+            if not self.window.wait_for_room(step, self.stop):
+                return None
+            # Admission: wait until weights recent enough for batch `step` are published.
+            need = step - cfg.algorithm.max_staleness
+            publication = self.channel.wait_for(need, cfg.pipeline.weight_timeout_s, self.stop, POLL_S)
+            if publication is None:
+                return None
+            timings = {"sampler_idle_s": time.perf_counter() - mark}
+            with self.mixer_lock:
+                tasks = parts.mixer.sample(parts.domains.tasks_to_draw() if parts.domains else cfg.tasks.tasks_per_step, step)
+                mixer_state = copy.deepcopy(parts.mixer.state_dict())
         mark = time.perf_counter()
         episodes = self._generate(tasks, step, publication)
         timings["generate_s"] = time.perf_counter() - mark
-        return SampledBatch(step, {task.id: task for task in tasks}, episodes, timings, mixer_state)
+        return SampledBatch(step, {task.id: task for task in tasks}, episodes, timings, mixer_state, self.worker)
 
     def _generate(self, tasks: list[Task], step: int, publication: Publication) -> list[Episode]:
-        """Batch `step`, generated by the rollout worker with `publication`'s weights."""
+        """Batch `step`, generated by this thread's rollout worker with `publication`'s weights."""
         return self.rollout.sample(tasks, step, publication)
 
 
@@ -226,7 +304,62 @@ class _ScorerThread(threading.Thread):
             watch_metrics=watch.metrics() if watch is not None else {},
             domains_state=domains_state,
             domains_metrics=domains_metrics or {},
+            worker=sampled.worker,
         )
+
+
+@dataclass
+class RatioController:
+    """Moves the window of batches in flight ahead of the trainer (`limit`, within [lower, upper])
+    by one, from one step's idle times at a time:
+
+    - the trainer waited for its batch more than `idle_fraction` of its step: raise it, at once
+      (a starved trainer is the costly case);
+    - the trainer did not, and the buffer was full (the trainer found `queue_size` batches waiting)
+      or the batch's sampler waited (admission, the window, room to hand on) more than
+      `idle_fraction` of its time: lower it, after `patience` such steps in a row (one could be
+      a hiccup).
+
+    So the window settles at the smallest that keeps the trainer busy: full throughput with the
+    freshest samples and the smallest buffer. Hand values in, a decision out: no clocks here."""
+
+    limit: int
+    lower: int
+    upper: int
+    idle_fraction: float = 0.1
+    patience: int = 2
+    _glut: int = 0  # steps in a row that asked to lower it
+
+    def update(
+        self, trainer_idle_s: float, step_s: float, sampler_idle_s: float, generate_s: float, buffer_full: bool
+    ) -> str | None:
+        """Takes one step's measures; returns why the limit changed, or None if it did not."""
+        trainer_idle = trainer_idle_s > self.idle_fraction * max(step_s, 1e-9)
+        sampler_idle = sampler_idle_s > self.idle_fraction * max(sampler_idle_s + generate_s, 1e-9)
+        if trainer_idle:
+            self._glut = 0
+            if self.limit < self.upper:
+                self.limit += 1
+                return f"the trainer waited {trainer_idle_s:.2f} s of a {step_s:.2f} s step"
+            return None
+        self._glut = self._glut + 1 if buffer_full or sampler_idle else 0
+        if self._glut >= self.patience and self.limit > self.lower:
+            self._glut = 0
+            self.limit -= 1
+            why = "the buffer was full" if buffer_full else f"the samplers waited {sampler_idle_s:.2f} s"
+            return f"{why} while the trainer did not wait, {self.patience} steps in a row"
+        return None
+
+
+def ratio_bounds(pipeline: Any, max_staleness: int) -> tuple[int, int]:
+    """(lower, upper) of the in-flight window: never above what the staleness bound allows
+    (max_staleness + 1: the batch the trainer is on and max_staleness ahead) nor what the queues
+    hold (the trainer's queue, the batch being scored, the scorer's queue of one, one per rollout
+    worker), never below 1, and within the configured bounds."""
+    upper = min(max_staleness + 1, pipeline.queue_size + pipeline.rollout_workers + 2)
+    if pipeline.ratio_max_in_flight is not None:
+        upper = min(upper, pipeline.ratio_max_in_flight)
+    return min(pipeline.ratio_min_in_flight, upper), upper
 
 
 def staleness_metrics(kept: list[Episode], step: int) -> dict[str, float]:
@@ -266,14 +399,25 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
     canary = canary_ids(parts.engine.tokenizer)
     channel = WeightChannel()
     channel.publish(publish(parts.trainer.model, parts.engine.weight_version, canary))
+    lower, upper = ratio_bounds(cfg.pipeline, bound)
+    controller = None
+    if cfg.pipeline.ratio_control:
+        controller = RatioController(upper, lower, upper, cfg.pipeline.ratio_idle_fraction)
+        logger.info("ratio control: %d batches in flight ahead of the trainer, at most (bounds %d..%d)", upper, lower, upper)
+    window = _Window(upper, start_step)
     workers: Workers = backend.start(parts)
     stop = threading.Event()
     sampled: queue.Queue = queue.Queue(maxsize=1)  # one generated batch waits while the previous is scored
     batches: queue.Queue = queue.Queue(maxsize=cfg.pipeline.queue_size)
-    sampler = _Sampler(parts, workers.rollout, channel, mixer_lock, sampled, stop, start_step, cfg.trainer.steps)
+    steps = _Steps(start_step, cfg.trainer.steps)
+    samplers = [
+        _Sampler(parts, index, rollout, channel, mixer_lock, window, steps, sampled, stop)
+        for index, rollout in enumerate(workers.rollouts)
+    ]
     scorer = _ScorerThread(dataclasses.replace(parts, scorer=workers.scorer), mixer_lock, store, store_lock,
                            sampled, batches, stop)
-    sampler.start()
+    for sampler in samplers:
+        sampler.start()
     scorer.start()
     taken = 0
     try:
@@ -286,6 +430,7 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
             batch: ScoredBatch = item
             if batch.step != step:
                 raise RuntimeError(f"async loop: the trainer expected batch {step}, the scorer thread sent {batch.step}")
+            window.took(step)
             timings = {**batch.timings, "trainer_idle_s": time.perf_counter() - began}
 
             kept = [e for e in batch.episodes if e.keep]
@@ -312,6 +457,15 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
             metrics["tokens_per_s"] = metrics["completion_tokens"] / max(timings["generate_s"], 1e-9)
             metrics["trained_samples"] = len(kept)
             metrics["queue_depth"] = depth
+            metrics["rollout_worker"] = batch.worker
+            if controller is not None:
+                why = controller.update(timings["trainer_idle_s"], timings["step_s"], timings["sampler_idle_s"],
+                                        timings["generate_s"], buffer_full=depth >= cfg.pipeline.queue_size)
+                if why is not None:
+                    logger.info("ratio control: step %d: %d -> %d batches in flight ahead of the trainer: %s",
+                                step + 1, window.limit, controller.limit, why)
+                    window.set_limit(controller.limit)
+                metrics["ratio/in_flight"] = controller.limit
             metrics.update(staleness_metrics(kept, step))
             metrics.update({f"restarts/{kind}": n for kind, n in workers.restarts().items()})
             metrics.update(batch.watch_metrics)
@@ -325,7 +479,8 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
                 on_step(step + 1, metrics)
     finally:
         stop.set()
-        sampler.join()
+        for sampler in samplers:
+            sampler.join()
         scorer.join()
         workers.close()
     return taken

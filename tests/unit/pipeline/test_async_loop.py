@@ -234,6 +234,64 @@ def test_a_trainer_that_stops_publishing_times_the_sampler_out(tmp_path: Path, m
     assert steps == [1]  # the update that was running finished; none came after it
 
 
+def test_two_rollout_workers_share_the_batches_which_still_train_in_order_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: list[str]
+) -> None:
+    """Worker 0 holds batch 0 until batch 1 has started, so batch 1 can only have been claimed by
+    worker 1: both generate, the trainer still trains batch b at step b, each sample keeps the
+    weight version its worker generated it with, and every kept id is trained exactly once."""
+    started: list[tuple[int, int, int]] = []  # (step, worker, weight version)
+    changed = threading.Condition()
+    original_generate = async_loop._Sampler._generate
+
+    def generate(self: Any, tasks: Any, step: int, publication: Any) -> Any:
+        with changed:
+            started.append((step, self.worker, publication.version))
+            changed.notify_all()
+            if step == 0:
+                assert changed.wait_for(lambda: any(s == 1 for s, _, _ in started), timeout=120)
+        return original_generate(self, tasks, step, publication)
+
+    monkeypatch.setattr(async_loop._Sampler, "_generate", generate)
+    run = _run(tmp_path, "workers", "pipeline.mode=async", "algorithm.max_staleness=1", "pipeline.rollout_workers=2",
+               *backend)
+
+    assert sorted(s for s, _, _ in started) == list(range(STEPS))  # each batch generated once
+    by_step = {step: (worker, version) for step, worker, version in started}
+    assert by_step[0][0] != by_step[1][0] and {w for w, _ in by_step.values()} == {0, 1}
+    store = _store(run)
+    _assert_exactly_once(store, bound=1)
+    for row in _latest(store).values():
+        assert row["weight_version"] == by_step[row["step"]][1], row["id"]
+    rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
+    assert [m["step"] for m in rows] == list(range(1, STEPS + 1))
+    assert [m["rollout_worker"] for m in rows] == [by_step[b][0] for b in range(STEPS)]
+
+
+def test_ratio_control_reports_its_window_within_bounds_and_narrows_it_for_a_slow_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trainer much slower than the rollout side never waits for a batch while the queue is
+    full, so ratio control lowers the in-flight window (from the bound's 3) and says so."""
+    original = Trainer.rl_step
+
+    def slow(self: Trainer, batch: Any, replay: Any = None) -> dict[str, float]:
+        time.sleep(4.0)  # the smoke run scores a batch in about 2 s
+        return original(self, batch, replay)
+
+    monkeypatch.setattr(Trainer, "rl_step", slow)
+    caplog.set_level("INFO", logger="tidal.pipeline.async_loop")
+    run = _run(tmp_path, "ratio", "pipeline.mode=async", "algorithm.max_staleness=2", "pipeline.queue_size=1",
+               "pipeline.ratio_control=true")
+    rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
+    windows = [m["ratio/in_flight"] for m in rows]
+    assert len(windows) == STEPS and all(1 <= w <= 3 for w in windows), windows
+    assert windows[0] == 3 and min(windows) < 3, windows
+    changes = [r.getMessage() for r in caplog.records if "batches in flight ahead of the trainer:" in r.getMessage()]
+    assert len(changes) == sum(a != b for a, b in zip(windows, windows[1:])) + (windows[0] != 3)
+    _assert_exactly_once(_store(run), bound=2)
+
+
 # Kill -9 of each part of a run. The Ray actors are killed by their process ids (`ray.kill` would
 # be a polite stop, not a crash); the trainer is the driver process itself.
 
@@ -250,7 +308,7 @@ def _ray_actor(run_name: str, role: str) -> Any:
     return ray.get_actor(names[0], namespace=NAMESPACE)
 
 
-@pytest.mark.parametrize("role", ["rollout", "scorer-0"])
+@pytest.mark.parametrize("role", ["rollout-0", "scorer-0"])
 def test_a_ray_worker_killed_mid_run_is_restarted_and_every_id_trains_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ray_cluster: str, role: str
 ) -> None:

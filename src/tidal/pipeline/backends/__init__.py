@@ -7,7 +7,8 @@ resume work the same on every backend. A backend supplies only the two kinds of 
 run elsewhere, behind two one-method protocols:
 
 - a `RolloutWorker` generates a batch with the weights of a given `Publication`, loading and
-  verifying them first when it holds another version;
+  verifying them first when it holds another version (`pipeline.rollout_workers` of them, each
+  with its own copy of the policy, driven by one sampler thread each);
 - a `ScoringWorker` scores (task, answer) pairs, like `Scorer.score_many`.
 
 `get_backend(name)` returns the backend; an unknown name raises `UnknownNameError` with the known
@@ -48,10 +49,11 @@ class ScoringWorker(Protocol):
 
 @dataclass
 class Workers:
-    """What a backend started for one run. `restarts()` counts worker restarts so far (by kind);
-    `close()` stops what `start` started."""
+    """What a backend started for one run: `pipeline.rollout_workers` rollout workers and one
+    scoring worker (which may share each batch among several scorers). `restarts()` counts worker
+    restarts so far (by kind); `close()` stops what `start` started."""
 
-    rollout: RolloutWorker
+    rollouts: list[RolloutWorker]
     scorer: ScoringWorker
     close: Callable[[], None] = lambda: None
     restarts: Callable[[], dict[str, int]] = field(default=dict)

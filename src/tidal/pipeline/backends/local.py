@@ -1,8 +1,10 @@
 """The local backend: the rollout and scoring work runs in the calling process, on the async
 loop's sampler and scorer threads.
 
-The rollout worker samples from its own copy of the policy (a second copy of the model in
-memory), which it replaces by each publication it is handed, verified (`weights.load_verified`).
+Each rollout worker samples from its own copy of the policy (another copy of the model in memory,
+so `pipeline.rollout_workers: N` holds N + 1 copies), which it replaces by each publication it is
+handed, verified (`weights.load_verified`). Workers generate on their sampler threads at once;
+torch releases the GIL in its kernels, but on a CPU they share its cores.
 Scoring uses the run's `Scorer` (its sandbox pool scores a batch's answers in parallel); with
 `pipeline.scorer_workers > 1`, that many scorers, each with its own pool, share each batch.
 """
@@ -68,11 +70,12 @@ class LocalBackend:
     """Threads of this process (`pipeline.backend: local`)."""
 
     def start(self, parts: LoopParts) -> Workers:
-        count = parts.config.pipeline.scorer_workers
-        if count == 1:
-            return Workers(LocalRollout(parts), parts.scorer)  # the run's scorer: it closes it itself
-        pool = ScorerPool([Scorer(parts.config.reward) for _ in range(count)])
-        return Workers(LocalRollout(parts), pool, close=pool.close)
+        pipeline = parts.config.pipeline
+        rollouts = [LocalRollout(parts) for _ in range(pipeline.rollout_workers)]
+        if pipeline.scorer_workers == 1:
+            return Workers(rollouts, parts.scorer)  # the run's scorer: it closes it itself
+        pool = ScorerPool([Scorer(parts.config.reward) for _ in range(pipeline.scorer_workers)])
+        return Workers(rollouts, pool, close=pool.close)
 
 
 BACKEND = LocalBackend()

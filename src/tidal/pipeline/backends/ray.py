@@ -7,12 +7,12 @@ The same code runs either way. Every node must have tidal installed (the same ve
 driver): the actors import it.
 
 What the actors are sent, explicitly:
-- the rollout actor: the config, the run's name (trajectory ids), a CPU copy of the model (its
+- each rollout actor (`pipeline.rollout_workers` of them): the config, the run's name (trajectory ids), a CPU copy of the model (its
   architecture; its weights are replaced by the first publication) and the tokenizer, once, at
   creation; then, with each batch, the tasks and the header of the publication to generate with
   (version, checksum, canary). The publication's tensors go through the object store once per
-  version (`ray.put` in the driver) and are fetched by the actor only when it holds another
-  version; it verifies them (`weights.load_verified`) before it generates with them.
+  version (`ray.put` in the driver, shared by the rollout actors) and are fetched by an actor only
+  when it holds another version; it verifies them (`weights.load_verified`) before it generates with them.
 - each scorer actor: the reward config, once; then the (task, answer) pairs of its share of a
   batch (`split_by_task`: all answers to one task go to one scorer, in one sandbox batch).
 
@@ -34,6 +34,7 @@ import copy
 import dataclasses
 import logging
 import os
+import threading
 import uuid
 from dataclasses import dataclass
 from types import ModuleType
@@ -141,17 +142,20 @@ class ScorerActor:
 
 
 class _Restarts:
-    """Counts an actor's restarts from the process ids its answers carry."""
+    """Counts the restarts of a kind of actor from the process ids their answers carry (the
+    rollout actors' sampler threads report at once)."""
 
     def __init__(self) -> None:
         self.pids: dict[int, int] = {}  # actor index -> last pid seen
         self.count = 0
+        self.lock = threading.Lock()
 
     def saw(self, actor: int, pid: int) -> None:
-        if self.pids.get(actor, pid) != pid:
-            self.count += 1
-            logger.warning("a Ray actor was restarted (now pid %d)", pid)
-        self.pids[actor] = pid
+        with self.lock:
+            if self.pids.get(actor, pid) != pid:
+                self.count += 1
+                logger.warning("a Ray actor was restarted (now pid %d)", pid)
+            self.pids[actor] = pid
 
 
 def _get(ray: ModuleType, refs: list[Any], timeout_s: float, what: str, restarts: int) -> list[Any]:
@@ -169,23 +173,37 @@ def _get(ray: ModuleType, refs: list[Any], timeout_s: float, what: str, restarts
         ) from error
 
 
-class RayRollout:
-    """The driver's handle on the rollout actor (a `RolloutWorker`)."""
+class _PutWeights:
+    """The newest publication's tensors in the object store, put once per version for every
+    rollout actor (their sampler threads call it at once)."""
 
-    def __init__(self, ray: ModuleType, actor: Any, pipeline: Any, policy: Any) -> None:
-        self.ray, self.actor, self.pipeline = ray, actor, pipeline
+    def __init__(self, ray: ModuleType) -> None:
+        self.ray, self.lock = ray, threading.Lock()
+        self.current: tuple[int, Any] | None = None  # (version, object ref)
+
+    def ref(self, publication: Publication) -> Any:
+        with self.lock:
+            if self.current is None or self.current[0] != publication.version:
+                # Dropping the previous ref frees it once no call in flight holds it.
+                self.current = (publication.version, self.ray.put(publication.state))
+            return self.current[1]
+
+
+class RayRollout:
+    """The driver's handle on one rollout actor (a `RolloutWorker`)."""
+
+    def __init__(
+        self, ray: ModuleType, actor: Any, index: int, pipeline: Any, policy: Any, weights: _PutWeights, restarts: _Restarts
+    ) -> None:
+        self.ray, self.actor, self.index, self.pipeline = ray, actor, index, pipeline
         self.policy = policy  # the ref of the actor's (model, tokenizer): kept alive for its restarts
-        self.restarts = _Restarts()
-        self._state: tuple[int, Any] | None = None  # (version, object ref) of the newest tensors put
+        self.weights, self.restarts = weights, restarts
 
     def sample(self, tasks: list[Task], step: int, publication: Publication) -> list[Episode]:
-        if self._state is None or self._state[0] != publication.version:
-            # Put once per version; dropping the previous ref frees it from the object store.
-            self._state = (publication.version, self.ray.put(publication.state))
-        call = self.actor.sample.remote(tasks, step, publication.header(), [self._state[1]])
-        [(pid, episodes)] = _get(self.ray, [call], self.pipeline.worker_timeout_s, f"rollout actor, batch {step}",
-                                 self.pipeline.worker_restarts)
-        self.restarts.saw(0, pid)
+        call = self.actor.sample.remote(tasks, step, publication.header(), [self.weights.ref(publication)])
+        [(pid, episodes)] = _get(self.ray, [call], self.pipeline.worker_timeout_s,
+                                 f"rollout actor {self.index}, batch {step}", self.pipeline.worker_restarts)
+        self.restarts.saw(self.index, pid)
         return episodes
 
 
@@ -236,31 +254,42 @@ class RayBackend:
         # not keep a restartable actor's object-store arguments alive (ray-project/ray#53727), so
         # the driver's handle does, for as long as the actor may restart.
         policy = ray.put((copy.deepcopy(parts.engine.model).to("cpu"), parts.engine.tokenizer))
-        rollout_options = {"num_cpus": 1, "num_gpus": 1 if device.type == "cuda" else 0}
-        rollout = ray.remote(**restarts, **rollout_options)(RolloutActor).options(
-            name=f"{tag}/rollout", namespace=NAMESPACE
-        ).remote(cfg, parts.run.name, [policy], device.type, parts.engine.max_batch_rows)
+        count = pipeline.rollout_workers
+        # One GPU each while the cluster has enough; otherwise they share them (Ray would leave
+        # the ones without a whole GPU pending, and the run would wait for them).
+        gpus = min(1.0, ray.cluster_resources().get("GPU", 1.0) / count) if device.type == "cuda" else 0
+        rollout_class = ray.remote(**restarts, num_cpus=1, num_gpus=gpus)(RolloutActor)
+        rollouts = [
+            rollout_class.options(name=f"{tag}/rollout-{i}", namespace=NAMESPACE).remote(
+                cfg, parts.run.name, [policy], device.type, parts.engine.max_batch_rows
+            )
+            for i in range(count)
+        ]
         # Scorers mostly wait on their sandbox processes, which Ray does not schedule: no CPU reserved.
         scorer_class = ray.remote(**restarts, num_cpus=0)(ScorerActor)
         scorers = [
             scorer_class.options(name=f"{tag}/scorer-{i}", namespace=NAMESPACE).remote(cfg.reward)
             for i in range(pipeline.scorer_workers)
         ]
-        rollout_handle, scorer_handle = RayRollout(ray, rollout, pipeline, policy), RayScorers(ray, scorers, pipeline)
+        weights, rollout_restarts = _PutWeights(ray), _Restarts()
+        rollout_handles = [
+            RayRollout(ray, actor, i, pipeline, policy, weights, rollout_restarts) for i, actor in enumerate(rollouts)
+        ]
+        scorer_handle = RayScorers(ray, scorers, pipeline)
 
         def close() -> None:
             try:
                 ray.get([actor.close.remote() for actor in scorers], timeout=30)  # shut the sandbox pools
             except Exception as error:  # noqa: BLE001 - best effort: the actors are killed next anyway
                 logger.warning("closing the scorer actors: %s", error)
-            for actor in [rollout, *scorers]:
+            for actor in [*rollouts, *scorers]:
                 ray.kill(actor, no_restart=True)
             if owns:
                 ray.shutdown()
 
         return Workers(
-            rollout_handle, scorer_handle, close=close,
-            restarts=lambda: {"rollout": rollout_handle.restarts.count, "scorer": scorer_handle.restarts.count},
+            rollout_handles, scorer_handle, close=close,
+            restarts=lambda: {"rollout": rollout_restarts.count, "scorer": scorer_handle.restarts.count},
         )
 
 
