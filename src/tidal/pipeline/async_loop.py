@@ -140,7 +140,8 @@ class _LockedMixer:
 class _Window:
     """The batches in flight ahead of the trainer: batch `b` may start only while
     `b < taken + limit`, `taken` being the batches the trainer has taken. Without ratio control
-    `limit` is the staleness bound's (max_staleness + 1), which never binds before admission does."""
+    `limit` is max_staleness + 1, which admission reaches first (batch `b` needs version
+    `b - max_staleness`, and the trainer has published no more versions than batches it took)."""
 
     def __init__(self, limit: int, taken: int) -> None:
         self.limit, self.taken = limit, taken
@@ -399,12 +400,13 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
     canary = canary_ids(parts.engine.tokenizer)
     channel = WeightChannel()
     channel.publish(publish(parts.trainer.model, parts.engine.weight_version, canary))
-    lower, upper = ratio_bounds(cfg.pipeline, bound)
     controller = None
+    window = _Window(bound + 1, start_step)  # without ratio control, admission always binds first
     if cfg.pipeline.ratio_control:
+        lower, upper = ratio_bounds(cfg.pipeline, bound)
         controller = RatioController(upper, lower, upper, cfg.pipeline.ratio_idle_fraction)
+        window.set_limit(upper)
         logger.info("ratio control: %d batches in flight ahead of the trainer, at most (bounds %d..%d)", upper, lower, upper)
-    window = _Window(upper, start_step)
     workers: Workers = backend.start(parts)
     stop = threading.Event()
     sampled: queue.Queue = queue.Queue(maxsize=1)  # one generated batch waits while the previous is scored

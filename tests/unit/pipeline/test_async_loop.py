@@ -4,6 +4,7 @@ Checked from the run folder and its trajectory store, never from timings."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -288,7 +289,7 @@ def test_ratio_control_reports_its_window_within_bounds_and_narrows_it_for_a_slo
     assert len(windows) == STEPS and all(1 <= w <= 3 for w in windows), windows
     assert windows[0] == 3 and min(windows) < 3, windows
     changes = [r.getMessage() for r in caplog.records if "batches in flight ahead of the trainer:" in r.getMessage()]
-    assert len(changes) == sum(a != b for a, b in zip(windows, windows[1:])) + (windows[0] != 3)
+    assert len(changes) == sum(a != b for a, b in itertools.pairwise(windows)) + (windows[0] != 3)
     _assert_exactly_once(_store(run), bound=2)
 
 

@@ -7,7 +7,7 @@ import pytest
 from tidal.config.schema import PipelineConfig
 from tidal.pipeline.async_loop import RatioController, ratio_bounds
 
-BUSY = dict(trainer_idle_s=0.0, step_s=4.0, sampler_idle_s=0.0, generate_s=1.0, buffer_full=False)
+BUSY = {"trainer_idle_s": 0.0, "step_s": 4.0, "sampler_idle_s": 0.0, "generate_s": 1.0, "buffer_full": False}
 
 
 def _step(controller: RatioController, **measures: float | bool) -> int:
