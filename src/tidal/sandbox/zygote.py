@@ -97,6 +97,7 @@ SCRATCH = ("/tmp", "/dev/shm")  # writable places outside the workspace that out
 UNWATCHED_FILESYSTEMS = {"proc", "sysfs", "devpts", "devtmpfs", "mqueue", "cgroup", "cgroup2"}
 MAX_MESSAGE = 1 << 20
 FD_FLOOR = 10  # a job's extra fds (ready pipe, companion) live from here up
+TEMPLATE_FORK_S = 10.0  # how long a template may take to fork a job
 NURSERY_PREFIX = "companion:"  # a module named so is imported by the companions' nursery, not preloaded
 PYTEST_PROG = "python -m pytest"  # what pytest calls itself when run as `python -m pytest`
 RLIMITS = {
@@ -433,14 +434,33 @@ def _child(job: dict[str, Any], control: socket.socket, stdio: list[int], extra:
             os.environ[COMPANION_ENV] = ",".join(map(str, [*companion_fds, companion]))
         if config is not None:
             hand_over(config)
-        os.write(ready, b"1")
-        os.close(ready)
+        say_ready(ready)
     except BaseException:
         os._exit(code)
     try:
         code = run_module(job["module"], job["args"])
     finally:
         os._exit(code)
+
+
+def say_ready(ready: int) -> None:
+    """In a job's process, set up: its pid on its ready pipe."""
+    os.write(ready, str(os.getpid()).encode())
+    os.close(ready)
+
+
+def read_ready(ready: int, timeout_s: float) -> int:
+    """The pid a job's process (or a companion) wrote on its ready pipe; Broken when the pipe
+    closes without one (it could not set up, or the helper forking it is gone) or stays silent."""
+    data, deadline = b"", time.monotonic() + timeout_s
+    while select.select([ready], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        chunk = os.read(ready, 32)
+        if not chunk:
+            break
+        data += chunk
+    if not data.isdigit():
+        raise Broken(f"a job's process did not say it was ready ({data!r})")
+    return int(data)
 
 
 def exited(pid: int) -> bool:
@@ -503,9 +523,10 @@ def _run(job: dict[str, Any], fds: list[int], control: socket.socket, protected:
     started = time.monotonic()
     sys.stdout.flush()
     sys.stderr.flush()
+    pid = None
     try:
         if job.get("template"):
-            pid = _FORKS.templated(job, stdio, extra, companion_pid)
+            _FORKS.templated(job, stdio, extra, companion_pid)
         else:
             pid = os.fork()
             if pid == 0:
@@ -516,6 +537,12 @@ def _run(job: dict[str, Any], fds: list[int], control: socket.socket, protected:
             os.close(fd)  # the job's ends now live only in the job
         if companion is not None:
             companion.handed_over()
+    if pid is None:  # forked by the template: its pid comes on the ready pipe
+        try:
+            pid = read_ready(ready_read, TEMPLATE_FORK_S)
+        finally:
+            os.close(ready_read)
+        ready_read = -1
     try:
         timed_out = _wait(pid, started + float(job["timeout_s"]), companion, protected | helpers)
         _, status, usage = os.wait4(pid, 0)
@@ -525,12 +552,14 @@ def _run(job: dict[str, Any], fds: list[int], control: socket.socket, protected:
     wall_s = time.monotonic() - started
     reaped = sweep(protected | helpers)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child and every process it left, reaped
-    os.set_blocking(ready_read, False)
-    try:
-        started_ok = os.read(ready_read, 1) == b"1"
-    except BlockingIOError:
-        started_ok = False
-    os.close(ready_read)
+    started_ok = ready_read < 0
+    if ready_read >= 0:
+        os.set_blocking(ready_read, False)
+        try:
+            started_ok = os.read(ready_read, 32) == str(pid).encode()
+        except BlockingIOError:
+            started_ok = False
+        os.close(ready_read)
     if not started_ok:
         raise Broken(f"the child could not set up the job (wait status {status})")
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None

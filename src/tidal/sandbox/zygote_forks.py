@@ -65,18 +65,21 @@ def template() -> str | None:
     return _TEMPLATE.key if _TEMPLATE is not None else None
 
 
-def _process_state(pid: int) -> tuple[dict[str, Any], str]:
+def _process_state(pid: int) -> tuple[dict[str, Any], bool]:
     """What a fork of process `pid` inherits that another process of the same user can change, and
-    its run state ('T': stopped)."""
-    with open(f"/proc/{pid}/stat", "rb") as file:
-        data = file.read()
+    whether it still serves: not stopped, not dying, no signal on its way to it (a job's last act
+    may have been to kill it; the kernel delivers that later)."""
+    with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as file:
+        fields = dict(line.split(":", 1) for line in file if ":" in line)
     attributes = {
         "rlimits": {name: resource.prlimit(pid, number) for name, number in zygote.RLIMITS.items()},
         "nice": os.getpriority(os.PRIO_PROCESS, pid),
         "affinity": sorted(os.sched_getaffinity(pid)),
         "scheduler": os.sched_getscheduler(pid),
     }
-    return attributes, data[data.rindex(b")") + 2:].split()[0].decode()
+    pending = int(fields.get("SigPnd", "0").strip(), 16) | int(fields.get("ShdPnd", "0").strip(), 16)
+    serving = fields.get("State", "?").strip()[:1] in ("S", "R", "D") and not pending
+    return attributes, serving
 
 
 def _kill(helper: _Helper, reaped: bool = False) -> None:
@@ -94,12 +97,12 @@ def _unchanged(helper: _Helper, reaped: set[int]) -> bool:
     if helper.pid in reaped:
         return False
     try:
-        attributes, run_state = _process_state(helper.pid)
+        attributes, serving = _process_state(helper.pid)
     except (OSError, ValueError):
         return False
     if helper.state is None:
         helper.state = attributes  # the first check, right after it started
-    return run_state not in ("T", "t") and attributes == helper.state
+    return serving and not zygote.exited(helper.pid) and attributes == helper.state
 
 
 def check_helpers(reaped: set[int]) -> str | None:
@@ -116,55 +119,56 @@ def check_helpers(reaped: set[int]) -> str | None:
     return None
 
 
-def _ask(helper: _Helper, request: dict[str, Any], fds: list[int]) -> int:
-    """Have `helper` fork a process for `request`; its pid (the zygote's child by now)."""
+def _ask(helper: _Helper, request: dict[str, Any], fds: list[int]) -> None:
+    """Have `helper` fork a process for `request` (`fds` go to it; the last is its ready pipe)."""
     try:
         socket.send_fds(helper.channel, [json.dumps(request).encode()], fds)
-        if not select.select([helper.channel], [], [], REPLY_S)[0]:
-            raise zygote.Broken("a helper did not fork the job's process in time")
-        reply = json.loads(helper.channel.recv(zygote.MAX_MESSAGE) or b"{}")
-    except (OSError, ValueError) as error:
+    except OSError as error:
         raise zygote.Broken(f"a helper is gone ({error})") from error
-    pid = reply.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        raise zygote.Broken(f"a helper could not fork the job's process: {reply}")
-    return pid
 
 
-def _fork_through(fds: list[int], become: Callable[[], None]) -> int | None:
-    """In a helper: fork a process through a middle process that exits at once, so that it is
-    reparented to the zygote; its pid (-1: the fork failed), or None in it (after `become`)."""
-    pid_read, pid_write = os.pipe()
+def _fork_through(fds: list[int], become: Callable[[], None]) -> bool:
+    """In a helper: fork a process through a middle process that exits at once, so that it is the
+    zygote's child (the nearest subreaper); it waits until it is, then runs `become` (which says
+    it is ready, with its pid: from then on it owes the helper nothing, and may even kill it).
+    True in it; False in the helper."""
+    zygote_pid = os.getppid()
     sys.stdout.flush()
     sys.stderr.flush()
     middle = os.fork()
     if middle == 0:
         try:
-            os.close(pid_read)
             child = os.fork()
         except BaseException:
             os._exit(1)
-        if child == 0:
-            try:
-                os.close(pid_write)
-                become()
-            except BaseException:
-                os._exit(zygote.SETUP_FAILED)
-            return None
-        try:
-            os.write(pid_write, str(child).encode())
-        finally:
+        if child != 0:
             os._exit(0)
-    os.close(pid_write)
+        try:
+            _reparented(zygote_pid)
+            become()
+        except BaseException:
+            os._exit(zygote.SETUP_FAILED)
+        return True
     for fd in fds:
         os.close(fd)
     os.waitpid(middle, 0)
-    with os.fdopen(pid_read, "rb") as pipe:
-        data = pipe.read()
-    return int(data) if data else -1
+    return False
 
 
-def _serve(channel: socket.socket, fork: Callable[[dict[str, Any], list[int]], int | None]) -> None:
+def _reparented(zygote_pid: int) -> None:
+    """Wait until this process's parent is the zygote (its middle parent has exited)."""
+    while (parent := os.getppid()) != zygote_pid:
+        try:
+            handle = os.pidfd_open(parent)
+        except ProcessLookupError:
+            continue
+        try:
+            select.select([handle], [], [], REPLY_S)
+        finally:
+            os.close(handle)
+
+
+def _serve(channel: socket.socket, fork: Callable[[dict[str, Any], list[int]], bool]) -> None:
     """A helper's loop: one process per request; returns only in a forked process."""
     while True:
         try:
@@ -173,13 +177,8 @@ def _serve(channel: socket.socket, fork: Callable[[dict[str, Any], list[int]], i
             os._exit(0)
         if not message or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
             os._exit(0)
-        pid = fork(json.loads(message), fds)
-        if pid is None:
+        if fork(json.loads(message), fds):
             return
-        try:
-            zygote.send(channel, {"pid": pid})
-        except OSError:
-            os._exit(0)
 
 
 def _helper_fds(control: socket.socket, channel: socket.socket) -> int:
@@ -222,31 +221,32 @@ def open_nursery(control: socket.socket, modules: list[str]) -> None:
     _NURSERY = _Helper(pid, ours)
 
 
-def _fork_companion(request: dict[str, Any], fds: list[int]) -> int | None:
+def _fork_companion(request: dict[str, Any], fds: list[int]) -> bool:
     """In the nursery: fork a companion (the callee is imported here, once, for the later ones)."""
     module, _, name = str(request["companion"]["call"]).partition(":")
     try:
         function = getattr(__import__(module, fromlist=["_"]), name)
     except (ImportError, AttributeError):
         for fd in fds:
-            os.close(fd)
-        return -1
-    pid = _fork_through(fds, lambda: _companion(request, fds, function))
-    if pid is None:
+            os.close(fd)  # its ready pipe closes unwritten: the zygote gives up on the job
+        return False
+    if _fork_through(fds, lambda: _companion(request, fds, function)):
         os._exit(zygote.SETUP_FAILED)  # not reached: a companion never returns
-    return pid
+    return False
 
 
 def _companion(job: dict[str, Any], fds: list[int], function: Callable[[int], Any]) -> None:
-    """Become the job's companion and call its function. Never returns."""
+    """Become the job's companion (`fds`: stdout, stderr, its socket, its ready pipe), say so and
+    call its function. Never returns."""
     spec = job["companion"]
     drop = tuple(spec.get("env_drop", ())) + ("TIDAL_",)
     harness = os.path.dirname(os.path.abspath(__file__))
     env = {name: value for name, value in job["env"].items() if not name.startswith(drop)}
     env["PYTHONPATH"] = os.pathsep.join(path for path in env.get("PYTHONPATH", "").split(os.pathsep)
                                         if path and os.path.abspath(path) != harness)
-    (fd,) = zygote.become_job({**job, "env": env}, fds[:2], fds[2:], close_others=True)
+    fd, ready = zygote.become_job({**job, "env": env}, fds[:2], fds[2:], close_others=True)
     sys.path[:] = [job["cwd"], *(path for path in sys.path[1:] if os.path.abspath(path) != harness)]
+    zygote.say_ready(ready)
     code = zygote.SETUP_FAILED
     try:
         code = zygote.run_main(lambda: function(fd))
@@ -262,11 +262,17 @@ class Companion:
         if _NURSERY is None:
             raise zygote.Broken("the companions' nursery is gone")
         ours, theirs = socket.socketpair()
+        ready_read, ready_write = os.pipe()
         request = {"cwd": job["cwd"], "env": job["env"], "rlimits": job["rlimits"], "companion": job["companion"]}
         try:
-            self.pid = _ask(_NURSERY, request, [*stdio[:2], ours.fileno()])
+            _ask(_NURSERY, request, [*stdio[:2], ours.fileno(), ready_write])
         finally:
             ours.close()
+            os.close(ready_write)
+        try:
+            self.pid = zygote.read_ready(ready_read, REPLY_S)
+        finally:
+            os.close(ready_read)
         self.status_read, self.status_write = os.pipe()
         self.socket = theirs
         self.theirs = [theirs.fileno(), self.status_read]
@@ -421,10 +427,10 @@ def fork_point(problem: str | None = None) -> None:
     gc.freeze()
     zygote.send(channel, {"event": "ready"})
     _serve(channel, _fork_job)
-    _FORK_CHANNEL, _FORKED = None, True
+    _FORK_CHANNEL, _FORKED = None, True  # a job's process, from here on
 
 
-def _fork_job(request: dict[str, Any], fds: list[int]) -> int | None:
+def _fork_job(request: dict[str, Any], fds: list[int]) -> bool:
     """In the template: fork a job's process, set up as the job."""
     def become() -> None:
         assert _FORK_CHANNEL is not None
@@ -433,16 +439,15 @@ def _fork_job(request: dict[str, Any], fds: list[int]) -> int | None:
         ready, *companion = zygote.become_job(request, stdio, extra, close_others=False)
         if request.get("companion") is not None:
             os.environ[zygote.COMPANION_ENV] = ",".join(map(str, [*companion, request["companion"]]))
-        os.write(ready, b"1")
-        os.close(ready)
+        zygote.say_ready(ready)
 
     return _fork_through(fds, become)
 
 
-def templated(job: dict[str, Any], stdio: list[int], extra: list[int], companion: int | None) -> int:
-    """Have the template fork the job's process; its pid."""
+def templated(job: dict[str, Any], stdio: list[int], extra: list[int], companion: int | None) -> None:
+    """Have the template fork the job's process (`extra[0]`: its ready pipe, which gets its pid)."""
     if _TEMPLATE is None or _TEMPLATE.key != job["template"]:
         raise zygote.Broken(f"the job asks for template {job['template']}, the zygote holds {template()}")
     request = {"cwd": job["cwd"], "env": job["env"], "rlimits": job["rlimits"], "stdio": len(stdio),
                "companion": companion}
-    return _ask(_TEMPLATE, request, stdio + extra)
+    _ask(_TEMPLATE, request, stdio + extra)

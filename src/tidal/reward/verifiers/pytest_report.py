@@ -97,7 +97,7 @@ def _prctl(option: int, value: int) -> bool:
 
 
 OWN_HOOKS = ("pytest_plugin_registered", "pytest_collectreport", "pytest_collection_finish",
-             "pytest_runtestloop", "pytest_runtest_makereport", "pytest_sessionfinish")
+             "pytest_runtestloop", "pytest_runtest_protocol", "pytest_runtest_makereport", "pytest_sessionfinish")
 
 
 def _guarded() -> dict[str, Any]:
@@ -183,10 +183,17 @@ class _Reporter:
 class _Audit:
     """The audit hook: reports (and for test files, refuses) what candidate code does to the
     tests. Code counts as the candidate's when its file is not a test, pytest, harness or standard
-    library file (the answer's module, anything it wrote, code it compiled from a string)."""
+    library file (the answer's module, anything it wrote, code it compiled from a string).
 
-    def __init__(self, reporter: _Reporter, tests: list[str]) -> None:
+    Out of process no code of the answer runs in this process, so frame and stack events here are
+    pytest's (and the tests') own: only opens and imports are watched (the answer's process has an
+    audit hook of its own), which spares a stack walk for each of the many frame reads pytest makes
+    when it reports a failure."""
+
+    def __init__(self, reporter: _Reporter, tests: list[str], frames: bool = True) -> None:
         self.reporter = reporter
+        self.events = frozenset({"open", "import", *(("sys._getframe", "object.__getattr__", *STACK_EVENTS)
+                                                     if frames else ())})
         self.tests = {os.path.realpath(path) for path in tests}
         self.test_files = set()  # (device, inode): a link to a test file is the test file
         for path in self.tests:
@@ -202,6 +209,9 @@ class _Audit:
         self.kinds: dict[str, str] = {}
         self.busy: set[int] = set()
         self.findings = 0
+        # While a test runs: the frame that called its protocol. It and the frames below it are the
+        # session's own loop (pytest, the harness), older than any candidate code in this thread.
+        self.boundary: types.FrameType | None = None
 
     def kind(self, filename: str) -> str:
         """'harness' (tests, pytest, this plugin), 'neutral' (the standard library) or 'candidate'."""
@@ -218,9 +228,10 @@ class _Audit:
         return kind
 
     def candidate_caller(self) -> str | None:
-        """The file of the nearest candidate frame on the stack, if any."""
+        """The file of the nearest candidate frame on the stack, if any (down to `boundary`)."""
         frame = sys._getframe(2)
-        while frame is not None:
+        boundary = self.boundary  # another thread's stack never reaches it: walked whole
+        while frame is not None and frame is not boundary:
             filename = frame.f_code.co_filename
             if self.kind(filename) == "candidate":
                 return f"{filename}:{frame.f_lineno}"
@@ -228,7 +239,7 @@ class _Audit:
         return None
 
     def __call__(self, event: str, args: tuple[Any, ...]) -> None:
-        if event not in ("open", "import", "sys._getframe", "object.__getattr__") and event not in STACK_EVENTS:
+        if event not in self.events:
             return
         me = threading.get_ident()
         if me in self.busy or self.findings >= MAX_FINDINGS:
@@ -334,6 +345,7 @@ class _PlantedModuleGuard:
 _reporter: _Reporter = None  # type: ignore[assignment]  # set when pytest registers the plugin
 _TESTS: list[str] = []
 _candidate: Any = None
+_audit: _Audit | None = None
 
 
 def _start() -> _Reporter:
@@ -365,10 +377,12 @@ def _start() -> _Reporter:
 
 def _watch() -> None:
     """The start of a session: the `start` event, non-dumpable, subreaper, the audit hook."""
+    global _audit
     _reporter.emit("start", cwd=os.getcwd(), mode=str(_reporter.settings.get("mode", "in_process")))
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    sys.addaudithook(_Audit(_reporter, _TESTS))
+    _audit = _Audit(_reporter, _TESTS, frames=_reporter.settings.get("mode") != "out_of_process")
+    sys.addaudithook(_audit)
 
 
 def _hide_tests() -> None:
@@ -435,6 +449,21 @@ def pytest_runtestloop(session: Any) -> Any:
         if _reporter.settings.get("mode") == "out_of_process":
             _start_candidate()
     return (yield)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
+    """Bound the audit hook's stack walks while a test runs: what called the test's protocol, and
+    everything below, is the session's loop (a protocol run from within a test keeps the outer
+    bound, so candidate code between them is still walked)."""
+    outer = _audit is not None and _audit.boundary is None
+    if outer:
+        _audit.boundary = sys._getframe(1)  # type: ignore[union-attr]
+    try:
+        return (yield)
+    finally:
+        if outer:
+            _audit.boundary = None  # type: ignore[union-attr]
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
