@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import PurePosixPath
 
+from tidal import pyast
 from tidal.reward.verifiers.python_tests import extract_code, pytest_targets
 from tidal.types import Task
 
@@ -29,7 +30,7 @@ def reference_code(task: Task) -> str | None:
         return None
     code = extract_code(task.reference)
     try:
-        ast.parse(code)
+        pyast.parse(code)
     except SyntaxError:
         return None
     return code
@@ -43,7 +44,7 @@ def fenced(code: str) -> str:
 def functions(code: str) -> list[tuple[str, int]]:
     """(name, positional parameter count) of every top-level function in `code`."""
     try:
-        tree = ast.parse(code)
+        tree = pyast.parse(code)
     except SyntaxError:
         return []
     return [(node.name, len(node.args.posonlyargs) + len(node.args.args))
@@ -60,7 +61,7 @@ def imported_names(task: Task) -> list[str]:
     module, names = answer_module(task), []
     for name in pytest_targets(task.tests):
         try:
-            tree = ast.parse(task.tests[name])
+            tree = pyast.parse(task.tests[name])
         except SyntaxError:
             continue
         for node in ast.walk(tree):

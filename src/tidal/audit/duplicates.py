@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tidal import pyast
 from tidal.audit.code import reference_code
 from tidal.audit.records import Finding
 from tidal.types import Task
@@ -104,7 +105,7 @@ def canonical_code(task: Task) -> str | None:
     code = reference_code(task)
     if code is None:
         return None
-    return ast.dump(_Canonical().visit(ast.parse(code)), annotate_fields=False)
+    return ast.dump(_Canonical().visit(pyast.parse(code)), annotate_fields=False)
 
 
 def solution_key(task: Task) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from tidal import pyast
 from tidal.audit.code import test_sources
 from tidal.audit.context import AuditContext
 from tidal.audit.records import Finding
@@ -41,14 +42,14 @@ def _flipped_literal(node: ast.expr) -> ast.expr | None:
         changed = 0
     else:
         return None
-    return ast.parse(repr(changed), mode="eval").body
+    return pyast.parse(repr(changed), mode="eval").body
 
 
 def flip_tests(task: Task) -> tuple[dict[str, str], str] | None:
     """The task's tests with one expected value flipped, and which one; None when there is none."""
     for name, source in test_sources(task).items():
         try:
-            tree = ast.parse(source)
+            tree = pyast.parse(source)
         except SyntaxError:
             return None
         for node in ast.walk(tree):

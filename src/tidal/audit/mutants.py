@@ -19,6 +19,7 @@ import ast
 import copy
 from typing import Any
 
+from tidal import pyast
 from tidal.audit.code import fenced, reference_code
 from tidal.audit.context import AuditContext
 from tidal.audit.records import Finding
@@ -118,7 +119,7 @@ class _Mutate(ast.NodeTransformer):
 def mutants(code: str, limit: int) -> list[tuple[str, str]]:
     """Up to `limit` (description, mutant source) pairs of `code`, deterministic, each different
     from the original and from each other."""
-    tree = ast.parse(code)
+    tree = pyast.parse(code)
     original = ast.unparse(tree)
     sites = _sites(tree)
     if limit <= 0 or not sites:

@@ -25,6 +25,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from tidal import pyast
 from tidal.audit.code import test_sources
 from tidal.audit.context import SANDBOX_VERIFIERS, AuditContext, ReferenceRun
 from tidal.audit.records import Finding
@@ -46,7 +47,7 @@ def reorder_tests(source: str, order: str) -> str:
     order: `original`, `reversed` or `shuffled-N`. Everything else stays where it was."""
     if order == "original":
         return source
-    tree = ast.parse(source)
+    tree = pyast.parse(source)
     lines = source.splitlines(keepends=True)
     spans = []
     for node in tree.body:

@@ -8,10 +8,10 @@ broken task is named as such rather than showing up as a failing reference.
 
 from __future__ import annotations
 
-import ast
 import re
 from typing import Any
 
+from tidal import pyast
 from tidal.audit.context import AuditContext
 from tidal.audit.records import Finding
 from tidal.reward.registry import known_verifiers
@@ -54,7 +54,7 @@ def verifier_problems(task: Task) -> list[str]:
             problems.append(f"tests: a test file is named like the entrypoint {entrypoint}")
         for path in pytest_targets(task.tests):
             try:
-                ast.parse(task.tests[path])
+                pyast.parse(task.tests[path])
             except SyntaxError as error:
                 problems.append(f"tests.{path}: does not parse (line {error.lineno}): {error.msg}")
     if name in ("program_io", "efficiency"):

@@ -31,6 +31,8 @@ from __future__ import annotations
 import ast
 from pathlib import PurePosixPath
 
+from tidal import pyast
+
 FRAMEWORK = {"pytest", "_pytest", "pluggy", "py", "conftest", "tidal_pytest_report", "tidal_function_proxy",
              "tidal_candidate_server", "tidal_zygote", "tidal_io_runner"}
 INTROSPECTION_CALLS = {
@@ -250,7 +252,7 @@ def scan_answer(code: str, test_files: list[str]) -> list[str]:
     """Findings ("line N: what") for the answer's source; [] when it does not parse (it will
     fail its tests on its own). `test_files` are the task's test file paths."""
     try:
-        tree = ast.parse(code)
+        tree = pyast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     names: set[str] = set()
