@@ -28,6 +28,8 @@ from __future__ import annotations
 import ast
 from pathlib import PurePosixPath
 
+from tidal import pyast
+
 MODES = ("auto", "in_process", "out_of_process")
 
 
@@ -124,7 +126,7 @@ def out_of_process_problems(entrypoint: str, tests: dict[str, str], files: dict[
             problems.append(f"{name}: not a test module, conftest.py or __init__.py")
             continue
         try:
-            tree = ast.parse(source, filename=name)
+            tree = pyast.parse(source, filename=name)
         except SyntaxError as error:
             problems.append(f"{name}: does not parse (line {error.lineno})")
             continue
@@ -141,7 +143,7 @@ def out_of_process_problems(entrypoint: str, tests: dict[str, str], files: dict[
                 imported = any(
                     (isinstance(n, ast.Import) and any(a.name.split(".")[0] == module for a in n.names))
                     or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == module)
-                    for n in ast.walk(ast.parse(content)))
+                    for n in ast.walk(pyast.parse(content)))
             except SyntaxError:
                 imported = False
             if imported:
@@ -224,9 +226,10 @@ def template_problems(mode: str, entrypoint: str, tests: dict[str, str], files: 
         if not name.endswith(".py") or not isinstance(content, str):
             continue
         try:
-            tree = ast.parse(content, filename=name)
+            tree = pyast.parse(content, filename=name)
         except SyntaxError:
             continue  # a broken test module fails the same way in a template
+        assert isinstance(tree, ast.Module)
         problems += [f"{name}: {p}" for p in _hooks(tree)]
         if mode != "out_of_process":
             problems += [f"{name}: {p}" for p in _module_level_uses(tree, module, collected=name in test_modules)]

@@ -448,6 +448,13 @@ def pytest_runtestloop(session: Any) -> Any:
         _reporter.emit("collected", nodeids=[item.nodeid for item in session.items])
         if _reporter.settings.get("mode") == "out_of_process":
             _start_candidate()
+    if session.testsfailed and not session.config.option.continue_on_collection_errors:
+        # pytest's own loop would stop here with this exception, raised under every other plugin's
+        # wrapper: the terminal reporter's long report of its ~20 frames (it parses their whole
+        # modules) is most of what a session with a collection error costs. Raised here, it has few.
+        __tracebackhide__ = True
+        count = session.testsfailed
+        raise session.Interrupted(f"{count} error{'s' if count != 1 else ''} during collection")
     return (yield)
 
 

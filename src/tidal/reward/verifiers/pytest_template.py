@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 _BINDINGS: list[tuple[Any, types.ModuleType, list[tuple[str, str | None]]]] = []
+__tracebackhide__ = True  # pytest leaves this module's frames out of the reports of what fails in them
 
 
 class _Placeholder:

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from tidal import pyast
 from tidal.errors import SandboxUnavailableError
 from tidal.reward.registry import (
     ScoringContext,
@@ -98,6 +99,7 @@ RISKY_NAMES = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.t
 MAX_WALK = 20_000  # workspace entries inspected after a run
 FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
 PYTHON_FENCES = {"", "python", "py", "python3"}
+_DECODER = json.JSONDecoder()
 
 
 def extract_code(answer: str) -> str:
@@ -124,7 +126,8 @@ def pytest_targets(tests: dict[str, str]) -> list[str]:
 
 def defined_test_ids(path: str, source: str) -> list[str]:
     """Node ids (without parameters) of the tests a module defines, the way pytest names them."""
-    tree = ast.parse(source, filename=path)
+    tree = pyast.parse(source, filename=path)
+    assert isinstance(tree, ast.Module)
     found = []
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
@@ -211,8 +214,8 @@ class Report:
             if not line.strip():
                 continue
             try:
-                event = json.loads(line)
-            except ValueError:
+                event = _DECODER.decode(line.decode("utf-8"))
+            except ValueError:  # UnicodeDecodeError is one
                 forged += 1
                 continue
             if not isinstance(event, dict) or not hmac.compare_digest(str(event.get("nonce", "")), nonce):
