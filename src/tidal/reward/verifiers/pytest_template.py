@@ -38,7 +38,6 @@ from typing import Any
 import pytest
 
 _BINDINGS: list[tuple[Any, types.ModuleType, list[tuple[str, str | None]]]] = []
-__tracebackhide__ = True  # pytest leaves this module's frames out of the reports of what fails in them
 
 
 class _Placeholder:
@@ -131,7 +130,7 @@ def serve(session: Any, reporter: Any) -> None:
 
 
 def _probe() -> None:
-    raise AssertionError("the template's warm-up")
+    raise AssertionError("the template's warm-up")  # a visible frame: its report is the whole warm-up
 
 
 def _warm(session: Any) -> None:
@@ -209,6 +208,7 @@ def _rebind(session: Any, module: str) -> None:
 def _import_answer(node: Any, mod: types.ModuleType, names: list[tuple[str, str | None]], module: str) -> list[Any]:
     """What importing the test module would have done with the answer, failing as
     `_pytest.python.importtestmodule` fails."""
+    __tracebackhide__ = True  # the report of a failed import shows the answer's frames, not these
     from _pytest._code import ExceptionInfo, filter_traceback
     from _pytest.outcomes import skip
 
