@@ -9,13 +9,20 @@ Four measurements, each in this one process, in interleaved rounds after a warm-
 2. runs/s: `pass`-like jobs through a pool of --workers zygotes, and through one zygote;
 3. snapshot/restore of a session workspace, when the backend's sessions offer them;
 4. verification: the `code` family's answers (8 variants per task) scored by `Scorer.score_many`
-   (warm pool, cache off) against `python -m pytest` per sample in a temporary folder, --workers
-   at a time; the verdicts (passed or not) must agree.
+   (warm pool: per-task pytest templates, companions; cache off) against `python -m pytest` per
+   sample in a temporary folder, --workers at a time; the verdicts (passed or not) must agree;
+5. verdicts: those answers and seven hostile ones per task (one that hangs, exits 0 at import,
+   rewrites its exit status at exit, returns an always-equal object, leaves a daemon, writes a
+   conftest.py, reads the test file) scored by the pool and by the single path (a sandbox and a
+   whole pytest session of its own per answer, the answer's process a fresh interpreter): value
+   and outcome must be identical; bare pytest's passed-or-not is shown beside (the hostile answers
+   fool it, which is the point of the checks).
 
 The result is written into the "## Sandbox pool" section of bench/RESULTS.md.
 
-    python bench/sandbox.py                          # the full run (a few minutes on 2 cores)
+    python bench/sandbox.py                          # the full run (several minutes on 2 cores)
     python bench/sandbox.py --runs 5 --jobs 40 --tasks 1 --repeats 1 --no-write   # a smoke run
+    python bench/sandbox.py --verify-only --tasks 3  # parts 4 and 5 only (prints, writes nothing)
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import argparse
 import datetime as dt
 import os
 import platform
+import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed of the task generator")
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"), help="file to update")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--verify-only", action="store_true", help="only the verification parts (implies --no-write)")
     return parser.parse_args(argv)
 
 
@@ -185,17 +195,28 @@ def measure_snapshot_restore(backend: Any, repeats: int) -> dict[str, float] | N
     return row
 
 
+def code_tasks(args: argparse.Namespace, mode: str, count: int, timeout_s: float | None = None) -> list[Any]:
+    from tidal.tasks import generate_tasks
+    from tidal.types import Limits
+
+    tasks = []
+    for task in generate_tasks("code", count, "train", args.seed):
+        update: dict[str, Any] = {"verifier": task.verifier.model_copy(update={"mode": mode})}
+        if timeout_s is not None:
+            update["limits"] = Limits(timeout_s=timeout_s)
+        tasks.append(task.model_copy(update=update))
+    return tasks
+
+
 def verification(args: argparse.Namespace, mode: str) -> dict[str, float]:
     """Samples/s of `Scorer.score_many` on a warm pool (python_tests `mode`) and of bare pytest
     per sample; agreement."""
     from tidal.config.schema import RewardConfig, SandboxConfig
     from tidal.reward import Scorer
-    from tidal.tasks import generate_tasks, reference_answer
+    from tidal.tasks import reference_answer
     from tidal.types import Outcome
 
-    tasks = [task.model_copy(update={"verifier": task.verifier.model_copy(update={"mode": mode})})
-             for task in generate_tasks("code", args.tasks, "train", args.seed)]
-    items = [(task, answer) for task in tasks for answer in variants(reference_answer(task))]
+    items = [(task, answer) for task in code_tasks(args, mode, args.tasks) for answer in variants(reference_answer(task))]
     verdicts: dict[str, list[bool]] = {}
     with Scorer(RewardConfig(sandbox=SandboxConfig(workers=args.workers), cache=False)) as scorer, \
             ThreadPoolExecutor(max_workers=args.workers) as threads:
@@ -219,11 +240,96 @@ def verification(args: argparse.Namespace, mode: str) -> dict[str, float]:
     return row
 
 
+def bare_pytest_passes(task: Any, answer: str, timeout_s: float) -> bool:
+    """`python -m pytest` on the answer and the tests in a temporary folder, as `plain_pytest` runs
+    it, killed (and so not passing) at `timeout_s`: whether it exited 0."""
+    from tidal.reward.verifiers.python_tests import extract_code, pytest_targets
+
+    python, extra = image_interpreter()
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-") as folder:
+        Path(folder, "solution.py").write_text(extract_code(answer))
+        for name, content in task.tests.items():
+            Path(folder, name).write_text(content)
+        env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", **extra}
+        process = subprocess.Popen(
+            [python, "-s", "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir=.",
+             *pytest_targets(task.tests)], cwd=folder, env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            return process.wait(timeout=timeout_s) == 0
+        except subprocess.TimeoutExpired:
+            return False
+        finally:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # and whatever the answer left in its session
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+
+def hostile(reference: str) -> dict[str, str]:
+    """Answers to a task whose reference answer is `reference` that try to score without solving it,
+    or misbehave, each a fenced block."""
+    from tidal.reward.verifiers.python_tests import extract_code
+
+    code = extract_code(reference)
+    fn = re.search(r"^def (\w+)\(", code, re.MULTILINE).group(1)  # type: ignore[union-attr]
+    wrong = f"def {fn}(*args):\n    return 0\n"
+    answers = {
+        "hangs": f"def {fn}(*args):\n    while True:\n        pass\n",
+        "exits 0 at import": "import os\nos._exit(0)\n" + code,
+        "rewrites its exit status": "import atexit, os\natexit.register(lambda: os._exit(0))\n" + wrong,
+        "always equal": f"class _Any:\n    def __eq__(self, other):\n        return True\n\n\ndef {fn}(*args):\n    return _Any()\n",
+        "leaves a daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(20)\n    os._exit(0)\n" + code,
+        "writes a conftest": "open('conftest.py', 'w').write('')\n" + code,
+        "reads the tests": "print(open('test_solution.py').read()[:10])\n" + wrong,
+    }
+    return {name: f"```python\n{answer}```" for name, answer in answers.items()}
+
+
+def same_verdicts(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """Every answer (variants and hostile ones) through the pool and through the single path:
+    (value, outcome) must be identical. Bare pytest's passed-or-not beside, for the record."""
+    from tidal.config.schema import RewardConfig, SandboxConfig
+    from tidal.reward import Scorer, ScoringContext, get_verifier
+    from tidal.sandbox import get_backend
+    from tidal.tasks import reference_answer
+    from tidal.types import Outcome
+
+    items: list[tuple[Any, str, str]] = []  # (task, kind, answer)
+    for task in code_tasks(args, mode, min(args.tasks, 2), timeout_s=4.0):
+        reference = reference_answer(task)
+        items += [(task, f"variant {n}", answer) for n, answer in enumerate(variants(reference))]
+        items += [(task, kind, answer) for kind, answer in hostile(reference).items()]
+    with Scorer(RewardConfig(sandbox=SandboxConfig(workers=args.workers), cache=False)) as scorer:
+        fast = scorer.score_many([(task, answer) for task, _, answer in items])
+    single_path = ScoringContext(get_backend("bwrap"))
+    with ThreadPoolExecutor(max_workers=args.workers) as threads:
+        alone = list(threads.map(lambda item: get_verifier("python_tests")(item[0], item[2], single_path), items))
+        bare = list(threads.map(lambda item: bare_pytest_passes(item[0], item[2], timeout_s=8.0), items))
+    differ = [f"{kind}: {(round(a.value, 6), a.outcome.value)} vs {(round(b.value, 6), b.outcome.value)}"
+              for (_, kind, _), a, b in zip(items, fast, alone)
+              if (round(a.value, 6), a.outcome) != (round(b.value, 6), b.outcome)]
+    honest = [index for index, (_, kind, _) in enumerate(items) if kind.startswith("variant")]
+    fooled = sorted({kind for (_, kind, _), passed, score in zip(items, bare, fast)
+                     if passed and score.outcome is not Outcome.PASSED})
+    row = {"answers": len(items), "identical": len(items) - len(differ), "kinds": len({kind for _, kind, _ in items}),
+           "outcomes": sorted({score.outcome.value for score in fast}),
+           "bare agrees on honest": sum(bare[i] == (fast[i].outcome is Outcome.PASSED) for i in honest),
+           "honest": len(honest), "bare fooled by": fooled}
+    print(f"verdicts  {mode:14s} pool = single path on {row['identical']}/{len(items)} answers "
+          f"(outcomes {', '.join(row['outcomes'])}); bare pytest passed-or-not agrees on "
+          f"{row['bare agrees on honest']}/{len(honest)} honest answers and is fooled by: {', '.join(fooled) or 'none'}")
+    if differ:
+        raise SystemExit(f"the pool's verdicts differ from the single path's: {differ[:5]}")
+    return row
+
+
 def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) -> str:
     import pytest
 
     o, r, v, snap = rows["overhead"], rows["runs"], rows["verify"], rows["snapshot"]
-    vi = rows["verify in_process"]
+    vi, d, di = rows["verify in_process"], rows["verdicts"], rows["verdicts in_process"]
     command = "python bench/sandbox.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
     lines = [
         SECTION, "",
@@ -245,12 +351,23 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
         f"{r['runs/s, one zygote']:.0f} with one ({r['scaling']:.2f}x)",
         "- snapshot / restore of a session workspace (3 files + 1 MiB): "
         + (f"{snap['snapshot ms']:.1f} ms / {snap['restore ms']:.1f} ms" if snap else "not measured (no snapshot()/restore())"),
-        f"- verification, {args.tasks} `code` tasks x 8 answers, {args.workers} at a time, pool (`Scorer.score_many`, "
-        "every check of `python_tests`) against bare `python -m pytest` per sample with the same interpreter:",
-        f"  - mode auto (out of process: the answer in its own interpreter): **{v['samples/s, pool']:.1f}** samples/s "
+        f"- verification, {args.tasks} `code` tasks x 8 answers, {args.workers} at a time, pool (`Scorer.score_many`: "
+        "per task a pytest template collected once per zygote and forked per answer, out of process the answer's "
+        "process forked from the zygote's nursery; every check of `python_tests`) against bare `python -m pytest` "
+        "per sample with the same interpreter:",
+        f"  - mode auto (out of process: the answer in a process of its own): **{v['samples/s, pool']:.1f}** samples/s "
         f"vs {v['samples/s, bare pytest']:.1f}: **{v['speedup']:.2f}x**; verdicts agreed on {v['agree']:.0f}/{v['samples']:.0f}",
         f"  - mode in_process: **{vi['samples/s, pool']:.1f}** samples/s vs {vi['samples/s, bare pytest']:.1f}: "
         f"**{vi['speedup']:.2f}x**; verdicts agreed on {vi['agree']:.0f}/{vi['samples']:.0f}",
+        f"- same verdicts, {d['answers']} answers per mode ({min(args.tasks, 2)} tasks x (8 variants + 7 hostile: hangs, "
+        "exits 0 at import, rewrites its exit status, always-equal object, leaves a daemon, writes a conftest.py, reads "
+        "the test file)), pool against the single path (a sandbox and a whole pytest session per answer):",
+        f"  - mode auto: value and outcome identical on **{d['identical']}/{d['answers']}** (outcomes: "
+        f"{', '.join(d['outcomes'])}); bare pytest's exit code agrees with the pool on {d['bare agrees on honest']}/"
+        f"{d['honest']} honest answers and calls these hostile ones passed: {', '.join(d['bare fooled by']) or 'none'}",
+        f"  - mode in_process: identical on **{di['identical']}/{di['answers']}** (outcomes: {', '.join(di['outcomes'])}); "
+        f"bare pytest agrees on {di['bare agrees on honest']}/{di['honest']} honest answers, passes: "
+        f"{', '.join(di['bare fooled by']) or 'none'}",
         "",
     ]
     return "\n".join(lines)
@@ -268,18 +385,24 @@ def main(argv: list[str] | None = None) -> None:
         loads.append(f"{os.getloadavg()[0]:.1f}")
 
     rows: dict[str, Any] = {}
-    with SandboxPool(backend, size=args.workers) as pool, SandboxPool(backend, size=1) as single:
+    if not args.verify_only:
+        with SandboxPool(backend, size=args.workers) as pool, SandboxPool(backend, size=1) as single:
+            load()
+            rows["overhead"] = overhead(args, backend, pool)
+            load()
+            rows["runs"] = runs_per_second(args, backend, pool, single)
         load()
-        rows["overhead"] = overhead(args, backend, pool)
-        load()
-        rows["runs"] = runs_per_second(args, backend, pool, single)
+        rows["snapshot"] = measure_snapshot_restore(backend, args.repeats)
     load()
-    rows["snapshot"] = measure_snapshot_restore(backend, args.repeats)
     rows["verify"] = verification(args, "auto")  # the code family's tasks run out of process under auto
+    load()
     rows["verify in_process"] = verification(args, "in_process")
     load()
+    rows["verdicts"] = same_verdicts(args, "auto")
+    rows["verdicts in_process"] = same_verdicts(args, "in_process")
+    load()
     print(f"load average (1 min) at the start of each part and the end: {', '.join(loads)}")
-    if not args.no_write:
+    if not (args.no_write or args.verify_only):
         write_section(args.results, SECTION, section(args, rows, loads))
         print(f"wrote the {SECTION!r} section of {args.results}")
 

@@ -591,7 +591,7 @@ def main(argv: list[str]) -> int:
         import tidal_zygote_forks as forks
 
         _FORKS = forks
-    except ImportError:
+    except Exception:  # not shipped (or broken): plain jobs only, which the host learns from `ready`
         pass
     nursery = [name.removeprefix(NURSERY_PREFIX) for name in argv[1:] if name.startswith(NURSERY_PREFIX)]
     if nursery and _FORKS is not None:

@@ -111,3 +111,15 @@ def test_template_problems() -> None:
     assert helper == ["helpers.py: line 1: imports solution but pytest does not collect it"]
     assert template_problems("in_process", "solution.py", TESTS, {"pytest.ini": "[pytest]\n"}, paths) == [
         "pytest.ini: a pytest configuration file"]
+
+
+def test_a_plugin_from_the_workspace_is_still_reported(pool: SandboxPool, sandboxed: ScoringContext) -> None:
+    # The report plugin names only plugins registered from the workspace (not pytest's own): one
+    # that is not a conftest the task shipped is a tamper signal, alone and in a zygote alike.
+    tests = {"test_a.py": "pytest_plugins = ['helper_plugin']\n\n\ndef test_a():\n    assert True\n",
+             "helper_plugin.py": "def pytest_configure(config):\n    pass\n"}
+    one = get_verifier("python_tests")(task("in_process", tests), CORRECT, sandboxed)
+    batched = python_tests_batch(task("in_process", tests), [CORRECT, CORRECT + "\n"], ScoringContext(pool))  # type: ignore[arg-type]
+    for score in [one, *batched]:
+        assert score.outcome is Outcome.TAMPERED
+        assert "a pytest plugin was registered from helper_plugin.py" in score.info["tamper"]

@@ -140,20 +140,25 @@ class _Reporter:
     def __init__(self) -> None:
         self.channel, self.settings = _open_channel()
         self.nonce = str(self.settings.get("nonce", ""))
+        self.cwd = os.getcwd()  # the workspace (the same path in a template and its answers' processes)
         self.snapshot: dict[str, Any] = {}  # taken at pytest_configure, before any test module is imported
         self.flagged: set[str] = set()
         # A template holds its events back: each answer's process sends them with its own nonce.
         self.held: list[dict[str, Any]] | None = [] if self.settings.get("template") else None
 
     def emit(self, event: str, **fields: Any) -> None:
+        self.emit_all([{"event": event, **fields}])
+
+    def emit_all(self, events: list[dict[str, Any]]) -> None:
+        """Send `events` in one write (or hold them back, in a template)."""
         if self.held is not None:
-            self.held.append({"event": event, **fields})
+            self.held.extend(events)
             return
         if self.channel is None:
             return
-        line = json.dumps({"nonce": self.nonce, "event": event, **fields}) + "\n"
+        lines = "".join(json.dumps({"nonce": self.nonce, **event}) + "\n" for event in events)
         try:
-            self.channel.sendall(line.encode("utf-8", errors="replace"))
+            self.channel.sendall(lines.encode("utf-8", errors="replace"))
         except OSError:
             self.channel = None  # the channel was closed under us; the missing events will show
 
@@ -378,7 +383,7 @@ def _start() -> _Reporter:
 def _watch() -> None:
     """The start of a session: the `start` event, non-dumpable, subreaper, the audit hook."""
     global _audit
-    _reporter.emit("start", cwd=os.getcwd(), mode=str(_reporter.settings.get("mode", "in_process")))
+    _reporter.emit("start", cwd=_reporter.cwd, mode=str(_reporter.settings.get("mode", "in_process")))
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     _audit = _Audit(_reporter, _TESTS, frames=_reporter.settings.get("mode") != "out_of_process")
@@ -422,7 +427,11 @@ def pytest_configure(config: Any) -> None:
 
 
 def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
-    _start().emit("plugin", file=_file_of(plugin))
+    # Only plugins from the workspace matter to the harness (a conftest the task did not ship);
+    # the others (pytest's own, the harness's) are not worth a report line each.
+    file = _file_of(plugin)
+    if file.startswith(_start().cwd.rstrip("/") + "/"):
+        _reporter.emit("plugin", file=file)
 
 
 def pytest_collectreport(report: Any) -> None:

@@ -167,8 +167,7 @@ def bind(session: Any, reporter: Any, watch: Any) -> None:
     the held events, its own output capture; in process, the answer bound into the test modules."""
     held = reporter.bind()
     watch()
-    for event in held:
-        reporter.emit(event.pop("event"), **event)
+    reporter.emit_all(held)
     config = session.config
     try:
         from _pytest.faulthandler import fault_handler_stderr_fd_key
