@@ -21,12 +21,12 @@ that asks for it; without a nursery the zygote runs no more companions and retir
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import gc
 import json
 import os
 import resource
 import select
-import fcntl
 import signal
 import socket
 import sys
