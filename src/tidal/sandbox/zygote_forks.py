@@ -20,6 +20,7 @@ that asks for it; without a nursery the zygote runs no more companions and retir
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import fcntl
 import gc
@@ -30,6 +31,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +39,7 @@ from typing import Any
 import tidal_zygote as zygote
 
 REPLY_S = 10.0  # how long a helper may take to fork a process
+_LIBC = ctypes.PyDLL(None, use_errno=True)  # a PyDLL call holds the GIL, as os.fork does across fork()
 
 
 @dataclasses.dataclass
@@ -131,11 +134,19 @@ def _fork_through(fds: list[int], become: Callable[[], None]) -> bool:
     """In a helper: fork a process through a middle process that exits at once, so that it is the
     zygote's child (the nearest subreaper); it waits until it is, then runs `become` (which says
     it is ready, with its pid: from then on it owes the helper nothing, and may even kill it).
-    True in it; False in the helper."""
+    True in it; False in the helper.
+
+    The middle process only forks again (with `os.fork`, so the process gets every after-fork step
+    a fork of the helper would) and exits, so when the helper has no other thread it is forked by
+    libc's fork(): the interpreter's own after-fork steps (reseeding `random`, resetting locks, ...:
+    half of what that middle process costs, in a process holding pytest) would buy it nothing."""
     zygote_pid = os.getppid()
     sys.stdout.flush()
     sys.stderr.flush()
-    middle = os.fork()
+    middle = _LIBC.fork() if threading.active_count() == 1 else os.fork()
+    if middle < 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"fork: {os.strerror(number)}")
     if middle == 0:
         try:
             child = os.fork()
