@@ -134,7 +134,7 @@ def test_the_ray_rollout_actor_verifies_what_it_fetched(trainer_model: LoadedMod
     import ray
 
     from tidal.config import load_config
-    from tidal.pipeline.backends.ray import NAMESPACE, RayRollout, RolloutActor
+    from tidal.pipeline.backends.ray import NAMESPACE, RayRollout, RolloutActor, _PutWeights, _Restarts
     from tidal.types import Task
 
     ray.init(address=ray_cluster, namespace=NAMESPACE)
@@ -142,7 +142,7 @@ def test_the_ray_rollout_actor_verifies_what_it_fetched(trainer_model: LoadedMod
         cfg = load_config(find_config("smoke"), ["rollout.group_size=2", "rollout.max_new_tokens=4"])
         policy = ray.put((copy.deepcopy(trainer_model.model), trainer_model.tokenizer))
         actor = ray.remote(num_cpus=1)(RolloutActor).remote(cfg, "run", [policy], "cpu", 64)
-        rollout = RayRollout(ray, actor, cfg.pipeline, policy)
+        rollout = RayRollout(ray, actor, 0, cfg.pipeline, policy, _PutWeights(ray), _Restarts())
         task = Task(id="t1", domain="math", prompt="1 + 1?", verifier={"name": "exact_match", "answer": "2"})
         ids = canary_ids(trainer_model.tokenizer)
 
