@@ -71,17 +71,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def interleaved(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
-    """Seconds of each run per round, every run once per round, after one warm-up call each."""
+def interleaved(runs: dict[str, Callable[[], Any]], repeats: int,
+                cpu: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """Seconds of each run per round, every run once per round, after one warm-up call each; with
+    `cpu`, also the CPU seconds this process and every process below it spent on each run."""
     for run in runs.values():
         run()
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
+            before = tree_cpu_s() if cpu is not None else {}
             start = time.perf_counter()
             run()
             seconds[name].append(time.perf_counter() - start)
+            if cpu is not None:
+                after = tree_cpu_s()
+                cpu.setdefault(name, []).append(sum(after.values()) - sum(before.get(pid, 0.0) for pid in after))
     return seconds
+
+
+def tree_cpu_s() -> dict[int, float]:
+    """CPU seconds (user + system, own and reaped children's) of this process and each live process
+    below it, from /proc: the warm sandboxes' processes are this process's descendants."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                data = Path(f"/proc/{entry}/stat").read_bytes()
+            except OSError:
+                continue
+            fields = data[data.rindex(b")") + 2:].split()
+            stats[int(entry)] = (int(fields[1]), sum(map(int, fields[11:15])) / tick)
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    found, pending = {}, [os.getpid()]
+    while pending:
+        pid = pending.pop()
+        if pid in stats:
+            found[pid] = stats[pid][1]
+            pending += children.get(pid, [])
+    return found
 
 
 def image_interpreter() -> tuple[str, dict[str, str]]:
@@ -228,13 +259,17 @@ def verification(args: argparse.Namespace, mode: str) -> dict[str, float]:
             python, env = image_interpreter()
             verdicts["bare"] = [code == 0 for code in threads.map(lambda item: plain_pytest(*item, python, env), items)]
 
-        seconds = interleaved({"pool": pool, "bare pytest": plain}, args.repeats)
+        cpu: dict[str, list[float]] = {}
+        seconds = interleaved({"pool": pool, "bare pytest": plain}, args.repeats, cpu)
     row = {f"samples/s, {name}": len(items) / statistics.median(s) for name, s in seconds.items()}
     row["speedup"] = statistics.median(b / p for p, b in zip(seconds["pool"], seconds["bare pytest"]))
+    row.update({f"cpu ms, {name}": statistics.median(c) / len(items) * 1000 for name, c in cpu.items()})
+    row["cpu speedup"] = statistics.median(b / p for p, b in zip(cpu["pool"], cpu["bare pytest"]))
     row["samples"] = len(items)
     row["agree"] = sum(a == b for a, b in zip(verdicts["pool"], verdicts["bare"]))
     print(f"verify    {mode:14s} pool {row['samples/s, pool']:.1f} samples/s, bare pytest {row['samples/s, bare pytest']:.1f} "
-          f"samples/s: {row['speedup']:.2f}x; verdicts agree on {row['agree']:.0f}/{len(items)}")
+          f"samples/s: {row['speedup']:.2f}x; CPU per sample {row['cpu ms, pool']:.1f} ms vs "
+          f"{row['cpu ms, bare pytest']:.1f} ms: {row['cpu speedup']:.2f}x; verdicts agree on {row['agree']:.0f}/{len(items)}")
     if row["agree"] != len(items):
         raise SystemExit("the pool's verdicts differ from bare pytest's")
     return row
@@ -356,9 +391,12 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
         "process forked from the zygote's nursery; every check of `python_tests`) against bare `python -m pytest` "
         "per sample with the same interpreter:",
         f"  - mode auto (out of process: the answer in a process of its own): **{v['samples/s, pool']:.1f}** samples/s "
-        f"vs {v['samples/s, bare pytest']:.1f}: **{v['speedup']:.2f}x**; verdicts agreed on {v['agree']:.0f}/{v['samples']:.0f}",
+        f"vs {v['samples/s, bare pytest']:.1f}: **{v['speedup']:.2f}x**; CPU per sample (every process, host and "
+        f"sandbox) {v['cpu ms, pool']:.1f} ms vs {v['cpu ms, bare pytest']:.1f} ms: **{v['cpu speedup']:.2f}x**; verdicts "
+        f"agreed on {v['agree']:.0f}/{v['samples']:.0f}",
         f"  - mode in_process: **{vi['samples/s, pool']:.1f}** samples/s vs {vi['samples/s, bare pytest']:.1f}: "
-        f"**{vi['speedup']:.2f}x**; verdicts agreed on {vi['agree']:.0f}/{vi['samples']:.0f}",
+        f"**{vi['speedup']:.2f}x**; CPU per sample {vi['cpu ms, pool']:.1f} ms vs {vi['cpu ms, bare pytest']:.1f} ms: "
+        f"**{vi['cpu speedup']:.2f}x**; verdicts agreed on {vi['agree']:.0f}/{vi['samples']:.0f}",
         f"- same verdicts, {d['answers']} answers per mode ({min(args.tasks, 2)} tasks x (8 variants + 7 hostile: hangs, "
         "exits 0 at import, rewrites its exit status, always-equal object, leaves a daemon, writes a conftest.py, reads "
         "the test file)), pool against the single path (a sandbox and a whole pytest session per answer):",
