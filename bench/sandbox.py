@@ -407,6 +407,14 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
         f"bare pytest agrees on {di['bare agrees on honest']}/{di['honest']} honest answers, passes: "
         f"{', '.join(di['bare fooled by']) or 'none'}",
         "",
+        "Before templates and companions (2026-11-30 11:32 UTC, the same command, load 0.7-1.8) verification ran "
+        "at 1.46x (auto) and 2.98x (in_process) of bare pytest. The aim is 10x. Samples per second depend on the "
+        "host's load, which slows bare pytest's start-up more than the pool's forks (the ratio rises with it): the "
+        "CPU per sample of every process, host and sandboxes, is the steadier ratio. What a pool sample still costs is listed in docs/design/sandbox.md, "
+        "\"Cost\": mostly pytest's own work in the answer's process (its per-test protocol, a failing test's report, "
+        "the pages a fork copies on write), the answer's process out of process, and a template's build per task "
+        "and zygote.",
+        "",
     ]
     return "\n".join(lines)
 
