@@ -163,7 +163,10 @@ def test_a_companion_is_a_fresh_process_beside_its_job(bwrap: SandboxBackend) ->
 
 def test_what_a_companion_leaves_running_is_reported_to_its_job(bwrap: SandboxBackend) -> None:
     (result,) = batch(bwrap, [with_companion(bwrap, ask="daemon")], preload=("companion:comp",))
-    assert len(seen(result)["left"]) == 1  # the detached grandchild, found when the zygote reaped the companion
+    # The detached grandchild, found when the zygote reaped the companion; its parent exits right
+    # after forking it, so a scan that runs first sees that one too (seen in CI): one or both.
+    left = seen(result)["left"]
+    assert 1 <= len(left) <= 2 and all(name.startswith("python") for _, name in left)
 
 
 def test_a_job_that_changes_the_nursery_retires_its_zygote(bwrap: SandboxBackend) -> None:
