@@ -8,6 +8,7 @@ written into the "## Rollout" section of bench/RESULTS.md.
 
     python bench/rollout.py                 # 8 prompts x 8 samples, 64 + 64 tokens
     python bench/rollout.py --threads 1 2   # one comparison per torch thread count
+    python bench/rollout.py --device cuda --prompts 64   # on a GPU: the "## Rollout on a GPU" section
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--threads", type=int, nargs="*", default=[], help="torch CPU thread counts to compare (default: torch's own)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the model init, prompts and sampling")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both sides run (default cpu)")
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"), help="file to update")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     return parser.parse_args(argv)
@@ -66,12 +68,15 @@ def compare(args: argparse.Namespace) -> list[dict[str, float]]:
     from tidal.models import count_parameters, load_model
     from tidal.rollout import EmbeddedEngine, SamplingParams
 
-    loaded = load_model(ModelConfig(path="tiny", device="cpu", seed=args.seed))
+    loaded = load_model(ModelConfig(path="tiny", device=args.device, seed=args.seed))
     model, tokenizer = loaded.model.eval(), loaded.tokenizer
+    cuda = args.device == "cuda"
     print(f"model: tiny Qwen2, {count_parameters(model) / 1e6:.2f}M parameters, vocab {len(tokenizer)}")
     generator = torch.Generator().manual_seed(args.seed)
     ordinary = tokenizer.pad_token_id  # ids below the special tokens are ordinary text
     prompts = torch.randint(0, ordinary, (args.prompts, args.prompt_tokens), generator=generator)
+    prompt_lists = prompts.tolist()
+    prompts = prompts.to(args.device)
     expected = args.prompts * args.samples * args.new_tokens
 
     def hugging_face() -> int:
@@ -89,12 +94,13 @@ def compare(args: argparse.Namespace) -> list[dict[str, float]]:
                 use_cache=True,
                 pad_token_id=tokenizer.pad_token_id,
             )
+        if cuda:
+            torch.cuda.synchronize()  # the clock stops when the tokens exist, not when they were queued
         return int(out[:, args.prompt_tokens :].numel())
 
     def embedded(kv_cache: str) -> Callable[[], int]:
-        engine = EmbeddedEngine(model, tokenizer, kv_cache=kv_cache)  # type: ignore[arg-type]
+        engine = EmbeddedEngine(model, tokenizer, args.device, kv_cache=kv_cache)  # type: ignore[arg-type]
         params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=args.seed, ignore_eos=True)
-        prompt_lists = prompts.tolist()
 
         def run() -> int:
             groups = engine.generate(prompt_lists, n=args.samples, params=params)
@@ -103,6 +109,8 @@ def compare(args: argparse.Namespace) -> list[dict[str, float]]:
         return run
 
     rows = []
+    if cuda:
+        args.threads = [torch.get_num_threads()]  # the GPU does the work; one row
     for threads in args.threads or [torch.get_num_threads()]:
         torch.set_num_threads(threads)
         runs = {"hf_generate": hugging_face, "embedded": embedded("auto"), "embedded_dynamic_cache": embedded("dynamic")}
@@ -129,13 +137,14 @@ def section(args: argparse.Namespace, rows: list[dict[str, float]], load: str) -
     import transformers
 
     command = "python bench/rollout.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
+    where = f"on {torch.cuda.get_device_name(0)}" if args.device == "cuda" else "on the CPU"
     lines = [
-        SECTION,
+        section_name(args),
         "",
         f"Embedded engine vs Hugging Face `model.generate(num_return_sequences={args.samples}, use_cache=True)` on the "
         f"built-in tiny model (default shape): {args.prompts} prompts x {args.samples} samples, "
         f"{args.prompt_tokens} prompt tokens, exactly {args.new_tokens} new tokens each, temperature 1; "
-        f"generated tokens/s, median of {args.repeats} interleaved rounds after a warm-up, same process; "
+        f"generated tokens/s {where}, median of {args.repeats} interleaved rounds after a warm-up, same process; "
         "the ratio is the median of the per-round ratios.",
         "",
         f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
@@ -164,13 +173,17 @@ def section(args: argparse.Namespace, rows: list[dict[str, float]], load: str) -
     return "\n".join(lines)
 
 
+def section_name(args: argparse.Namespace) -> str:
+    return SECTION + (" on a GPU" if args.device == "cuda" else "")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     rows = compare(args)
     if not args.no_write:
-        write_section(args.results, SECTION, section(args, rows, load))
-        print(f"wrote the {SECTION!r} section of {args.results}")
+        write_section(args.results, section_name(args), section(args, rows, load))
+        print(f"wrote the {section_name(args)!r} section of {args.results}")
 
 
 if __name__ == "__main__":

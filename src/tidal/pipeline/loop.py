@@ -50,13 +50,39 @@ class LoopParts:
     watch: TaskWatch | None = None  # the continuous audit: quarantines tasks from the gate's signals
     domains: DomainRuntime | None = None  # per-domain composition, normalisation, curriculum, replay
     auditor: Callable[[str], str] | None = None  # task id -> "broken" | "hard", for curriculum suspects
+    scheduler: Any = None  # the async loop's rollout `Scheduler` while it runs (evaluation holds it)
 
 
-def sample_episodes(parts: LoopParts, tasks: list[Task], step: int) -> list[Episode]:
-    """Generate a group of `group_size` completions for each task, with the current weights: one
-    engine call per `batch_prompts` single-answer tasks (the prompt prefilled once per group), and
-    multi-turn episodes for agent tasks (pipeline/agent_rollout.py). Episodes come in task order."""
+def plan_chunks(tasks: list[Task], batch_prompts: int, priority: Callable[[Task], int] | None = None) -> list[list[int]]:
+    """How one step's tasks are generated: positions in `tasks`, one list per engine batch. The
+    single-turn tasks go `batch_prompts` at a time (highest `priority` first, else in order), the
+    multi-turn (agent) tasks all in one last chunk (their episodes share engine calls). A chunk is
+    what one rollout worker generates by itself; its result does not depend on the other chunks."""
+    single = [i for i, task in enumerate(tasks) if not is_multi_turn(task)]
+    if priority is not None:
+        single.sort(key=lambda i: -priority(tasks[i]))  # stable: in order within one priority
+    chunks = [single[start : start + batch_prompts] for start in range(0, len(single), batch_prompts)]
+    multi = [i for i, task in enumerate(tasks) if is_multi_turn(task)]
+    return chunks + ([multi] if multi else [])
+
+
+def domain_priority(config: TidalConfig) -> Callable[[Task], int]:
+    """A task's scheduling priority: its domain's `priority` in `tasks.domains` (0 if not named there)."""
+    priorities = {name: d.priority for name, d in config.tasks.domains.items()}
+    return lambda task: priorities.get(task.domain, 0)
+
+
+def sample_episodes(parts: LoopParts, tasks: list[Task], step: int, indices: list[int] | None = None) -> list[Episode]:
+    """Generate a group of `group_size` completions for each task, with the current weights, in
+    the chunks of `plan_chunks` (one engine call per chunk of single-turn tasks, each prompt
+    prefilled once per group; multi-turn episodes for agent tasks: pipeline/agent_rollout.py).
+    Episodes come in task order. `indices` are the tasks' positions in the step's batch (their
+    group ids); by default 0, 1, ... A rollout worker given one chunk of a batch, with its
+    positions, makes exactly the episodes the whole batch would have for those tasks."""
     cfg = parts.config
+    positions = list(range(len(tasks))) if indices is None else list(indices)
+    if len(positions) != len(tasks):
+        raise ValueError(f"sample_episodes: {len(tasks)} tasks but {len(positions)} indices")
     params = SamplingParams(
         temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
@@ -64,24 +90,25 @@ def sample_episodes(parts: LoopParts, tasks: list[Task], step: int) -> list[Epis
         stop=list(cfg.rollout.stop),
         seed=cfg.run.seed * 1_000_003 + step,
     )
-    single = [(index, task) for index, task in enumerate(tasks) if not is_multi_turn(task)]
     by_index: dict[int, list[Episode]] = {}
-    prompts = [render_prompt(parts.engine.tokenizer, task.messages()) for _, task in single]
-    for start in range(0, len(single), cfg.rollout.batch_prompts):
-        groups = parts.engine.generate(prompts[start : start + cfg.rollout.batch_prompts], cfg.rollout.group_size, params)
-        for (index, task), group in zip(single[start : start + cfg.rollout.batch_prompts], groups):
-            group_id = f"{parts.run.name}/step-{step:06d}/g{index:03d}"
-            by_index[index] = [
-                Episode(id=f"{group_id}/s{k:02d}", task_id=task.id, domain=task.domain, group_id=group_id,
+    for chunk in plan_chunks(tasks, cfg.rollout.batch_prompts, domain_priority(cfg)):
+        multi = [(positions[i], tasks[i]) for i in chunk if is_multi_turn(tasks[i])]
+        if multi:
+            for episode in sample_agent_episodes(parts, multi, step):
+                by_index.setdefault(int(episode.group_id.rsplit("/g", 1)[1]), []).append(episode)
+            continue
+        prompts = [render_prompt(parts.engine.tokenizer, tasks[i].messages()) for i in chunk]
+        groups = parts.engine.generate(prompts, cfg.rollout.group_size, params)
+        for i, group in zip(chunk, groups):
+            group_id = f"{parts.run.name}/step-{step:06d}/g{positions[i]:03d}"
+            by_index[positions[i]] = [
+                Episode(id=f"{group_id}/s{k:02d}", task_id=tasks[i].id, domain=tasks[i].domain, group_id=group_id,
                         completion=completion)
                 for k, completion in enumerate(group)
             ]
-    multi = [(index, task) for index, task in enumerate(tasks) if is_multi_turn(task)]
-    for episode in sample_agent_episodes(parts, multi, step):
-        by_index.setdefault(int(episode.group_id.rsplit("/g", 1)[1]), []).append(episode)
     episodes: list[Episode] = []
-    for index, task in enumerate(tasks):
-        for episode in by_index.get(index, []):
+    for position, task in zip(positions, tasks):
+        for episode in by_index.get(position, []):
             episode.difficulty = _difficulty(task)
             episodes.append(episode)
     return episodes

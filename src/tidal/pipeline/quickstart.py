@@ -8,6 +8,7 @@ records) is kept.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -35,6 +36,7 @@ from tidal.models.io import (
 from tidal.pipeline.async_loop import run_async_rl
 from tidal.pipeline.domains import DomainRuntime, make_suspect_auditor
 from tidal.pipeline.loop import LoopParts, resume_rl, run_rl
+from tidal.pipeline.scheduler import EVAL_PRIORITY
 from tidal.pipeline.warmstart import sft_examples, split_for_warm_start, warm_start
 from tidal.reward import known_verifiers
 from tidal.reward.scorer import Scorer
@@ -158,7 +160,12 @@ class Job:
             def on_step(step: int, metrics: dict[str, Any]) -> None:
                 progress.update("rl", step, rl_status(metrics))
                 if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
-                    records = self._evaluate(f"step-{step:06d}", engine, scorer, eval_tasks, progress, force=True)
+                    # Evaluation goes before training rollouts: the async loop's workers start no
+                    # new chunk while it runs (pipeline/scheduler.py).
+                    held = parts.scheduler.hold(EVAL_PRIORITY, f"held-out eval at step {step}") if parts.scheduler \
+                        else contextlib.nullcontext()
+                    with held:
+                        records = self._evaluate(f"step-{step:06d}", engine, scorer, eval_tasks, progress, force=True)
                     rates = pass_rates(records)
                     if watch is not None:
                         watch.set_heldout({d: r["pass_rate"] for d, r in rates.items()})

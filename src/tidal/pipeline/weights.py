@@ -118,6 +118,14 @@ def load_verified(engine: EmbeddedEngine, publication: Publication, tolerance: f
             f"weight version {publication.version}: checksum mismatch (loaded {loaded[:12]}, published "
             f"{publication.checksum[:12]}); {where}. Refusing to generate with these weights"
         )
+    check_canary(engine, publication, tolerance)
+    engine.weight_version = publication.version
+
+
+def check_canary(engine: EmbeddedEngine, publication: Publication, tolerance: float) -> None:
+    """Raise `WeightVerificationError` unless `engine`'s model gives the canary logprobs that
+    `publication` (a header is enough) carries, within `tolerance`. After a load it verifies the
+    load; later, a health check that the weights in memory are still the ones verified."""
     got = canary_logprobs(engine.model, publication.canary_ids)
     expected = torch.tensor(publication.canary, dtype=torch.float32)
     difference = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
@@ -127,7 +135,6 @@ def load_verified(engine: EmbeddedEngine, publication: Publication, tolerance: f
             f"{difference:.3g} (pipeline.canary_tolerance={tolerance:g}); the loaded model does not "
             "compute what the trainer's does. Refusing to generate with these weights"
         )
-    engine.weight_version = publication.version
 
 
 class WeightChannel:

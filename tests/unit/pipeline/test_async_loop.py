@@ -243,17 +243,22 @@ def test_two_rollout_workers_share_the_batches_which_still_train_in_order_once(
     weight version its worker generated it with, and every kept id is trained exactly once."""
     started: list[tuple[int, int, int]] = []  # (step, worker, weight version)
     changed = threading.Condition()
-    original_generate = async_loop._Sampler._generate
+    original_chunk = async_loop._chunk_sampler
 
-    def generate(self: Any, tasks: Any, step: int, publication: Any) -> Any:
-        with changed:
-            started.append((step, self.worker, publication.version))
-            changed.notify_all()
-            if step == 0:
-                assert changed.wait_for(lambda: any(s == 1 for s, _, _ in started), timeout=120)
-        return original_generate(self, tasks, step, publication)
+    def chunk_sampler(tasks: Any, step: int, publication: Any, positions: list[int]) -> Any:
+        run = original_chunk(tasks, step, publication, positions)
 
-    monkeypatch.setattr(async_loop._Sampler, "_generate", generate)
+        def hooked(worker: Any) -> Any:
+            with changed:
+                started.append((step, worker.index, publication.version))
+                changed.notify_all()
+                if step == 0:
+                    assert changed.wait_for(lambda: any(s == 1 for s, _, _ in started), timeout=120)
+            return run(worker)
+
+        return hooked
+
+    monkeypatch.setattr(async_loop, "_chunk_sampler", chunk_sampler)
     run = _run(tmp_path, "workers", "pipeline.mode=async", "algorithm.max_staleness=1", "pipeline.rollout_workers=2",
                *backend)
 

@@ -35,9 +35,17 @@ if TYPE_CHECKING:
 
 
 class RolloutWorker(Protocol):
-    def sample(self, tasks: list[Task], step: int, publication: Publication) -> list[Episode]:
-        """Batch `step`'s episodes for `tasks` (as `loop.sample_episodes` makes them), generated
-        with `publication`'s weights, loaded and verified first if the worker holds another version."""
+    def sample(
+        self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None
+    ) -> list[Episode]:
+        """Batch `step`'s episodes for `tasks` (as `loop.sample_episodes` makes them; `indices`:
+        the tasks' positions in the batch when they are one chunk of it), generated with
+        `publication`'s weights, loaded and verified first if the worker holds another version."""
+        ...
+
+    def check(self) -> None:
+        """A health check: returns if the worker answers (within `pipeline.health_timeout_s`) and
+        its model still computes the canary logprobs of the weights it holds; raises otherwise."""
         ...
 
 
@@ -51,12 +59,15 @@ class ScoringWorker(Protocol):
 class Workers:
     """What a backend started for one run: `pipeline.rollout_workers` rollout workers and one
     scoring worker (which may share each batch among several scorers). `restarts()` counts worker
-    restarts so far (by kind); `close()` stops what `start` started."""
+    restarts so far (by kind); `close()` stops what `start` started. `replace(i)` starts a new
+    rollout worker for slot `i` (the scheduler's answer to a failed health check), stopping the
+    old one, and returns it."""
 
     rollouts: list[RolloutWorker]
     scorer: ScoringWorker
     close: Callable[[], None] = lambda: None
     restarts: Callable[[], dict[str, int]] = field(default=dict)
+    replace: Callable[[int], RolloutWorker] | None = None
 
 
 class Backend(Protocol):

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tidal.pipeline.backends import Workers, split_by_task
 from tidal.pipeline.loop import LoopParts, sample_episodes
-from tidal.pipeline.weights import UNLOADED, Publication, load_verified
+from tidal.pipeline.weights import UNLOADED, Publication, check_canary, load_verified
 from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import EmbeddedEngine
 from tidal.types import Episode, Score, Task
@@ -35,14 +35,23 @@ class LocalRollout:
     """Generates on the sampler thread with its own engine; loads each new publication between
     batches, so it never generates while its weights change."""
 
-    def __init__(self, parts: LoopParts) -> None:
+    def __init__(self, parts: LoopParts, index: int = 0) -> None:
+        self.index = index  # its slot among the run's rollout workers
         self.parts = dataclasses.replace(parts, engine=rollout_engine(parts))
         self.tolerance = parts.config.pipeline.canary_tolerance
+        self.loaded: Publication | None = None  # the header of the publication the engine holds
 
-    def sample(self, tasks: list[Task], step: int, publication: Publication) -> list[Episode]:
+    def sample(
+        self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None
+    ) -> list[Episode]:
         if self.parts.engine.weight_version != publication.version:
             load_verified(self.parts.engine, publication, self.tolerance)
-        return sample_episodes(self.parts, tasks, step)
+            self.loaded = publication.header()
+        return sample_episodes(self.parts, tasks, step, indices)
+
+    def check(self) -> None:
+        if self.loaded is not None and self.parts.engine.weight_version == self.loaded.version:
+            check_canary(self.parts.engine, self.loaded, self.tolerance)
 
 
 class ScorerPool:
@@ -71,11 +80,18 @@ class LocalBackend:
 
     def start(self, parts: LoopParts) -> Workers:
         pipeline = parts.config.pipeline
-        rollouts = [LocalRollout(parts) for _ in range(pipeline.rollout_workers)]
-        if pipeline.scorer_workers == 1:
-            return Workers(rollouts, parts.scorer)  # the run's scorer: it closes it itself
+        rollouts = [LocalRollout(parts, i) for i in range(pipeline.rollout_workers)]
+        replaced = {"rollout": 0}
+
+        def replace(index: int) -> LocalRollout:  # a fresh copy of the policy; it loads the next publication
+            rollouts[index] = LocalRollout(parts, index)
+            replaced["rollout"] += 1
+            return rollouts[index]
+
+        if pipeline.scorer_workers == 1:  # the run's scorer: it closes it itself
+            return Workers(rollouts, parts.scorer, restarts=lambda: dict(replaced), replace=replace)
         pool = ScorerPool([Scorer(parts.config.reward) for _ in range(pipeline.scorer_workers)])
-        return Workers(rollouts, pool, close=pool.close)
+        return Workers(rollouts, pool, close=pool.close, restarts=lambda: dict(replaced), replace=replace)
 
 
 BACKEND = LocalBackend()

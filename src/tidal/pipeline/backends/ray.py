@@ -26,6 +26,10 @@ and scoring are idempotent (same seed, same weights version, same ids), and the 
 rollout actor loads and verifies the publication again before it generates. One more death, or a
 call that takes longer than `pipeline.worker_timeout_s`, raises `WorkerLostError`. Restarts are
 counted from the process ids the calls report (`restarts/rollout`, `restarts/scorer` metrics).
+Between calls, the scheduler (pipeline/scheduler.py) health-checks idle rollout actors every
+`pipeline.health_check_s` (an answer within `pipeline.health_timeout_s`, and the canary logprobs
+of the weights the actor holds); one that fails is killed and replaced by a new actor
+(`Workers.replace`), which loads and verifies the next publication before it generates.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from tidal.pipeline.weights import (
     UNLOADED,
     Publication,
     WeightTimeoutError,
+    check_canary,
     load_verified,
 )
 from tidal.reward.scorer import Scorer
@@ -103,13 +108,25 @@ class RolloutActor:
         engine = EmbeddedEngine(model, tokenizer, device, max_batch_rows)
         engine.weight_version = UNLOADED  # a new (or restarted) actor generates only with verified weights
         self.parts = _RolloutParts(config, engine, _RunName(run_name))
+        self.loaded: Publication | None = None  # the header of the publication the engine holds
 
     def pid(self) -> int:
         return os.getpid()
 
-    def sample(self, tasks: list[Task], step: int, header: Publication, state: list[Any]) -> tuple[int, list[Episode]]:
-        """(this process's id, batch `step`) generated with the weights of `header`; `state` holds
-        the object ref of its tensors (in a list, so Ray hands the ref over without fetching it)."""
+    def check(self) -> int:
+        """The health check: this process's id, once the model computes the canary logprobs of the
+        weights it holds (`WeightVerificationError` otherwise)."""
+        engine = self.parts.engine
+        if self.loaded is not None and engine.weight_version == self.loaded.version:
+            check_canary(engine, self.loaded, self.parts.config.pipeline.canary_tolerance)
+        return os.getpid()
+
+    def sample(
+        self, tasks: list[Task], step: int, header: Publication, state: list[Any], indices: list[int] | None = None
+    ) -> tuple[int, list[Episode]]:
+        """(this process's id, the episodes of `tasks`, at `indices` of batch `step`) generated with
+        the weights of `header`; `state` holds the object ref of its tensors (in a list, so Ray
+        hands the ref over without fetching it)."""
         engine, pipeline = self.parts.engine, self.parts.config.pipeline
         if engine.weight_version != header.version:
             import ray
@@ -122,7 +139,8 @@ class RolloutActor:
                     f"within pipeline.weight_timeout_s={pipeline.weight_timeout_s:g}"
                 ) from None
             load_verified(engine, dataclasses.replace(header, state=tensors), pipeline.canary_tolerance)
-        return os.getpid(), sample_episodes(self.parts, tasks, step)  # type: ignore[arg-type]
+            self.loaded = header
+        return os.getpid(), sample_episodes(self.parts, tasks, step, indices)  # type: ignore[arg-type]
 
 
 class ScorerActor:
@@ -199,12 +217,19 @@ class RayRollout:
         self.policy = policy  # the ref of the actor's (model, tokenizer): kept alive for its restarts
         self.weights, self.restarts = weights, restarts
 
-    def sample(self, tasks: list[Task], step: int, publication: Publication) -> list[Episode]:
-        call = self.actor.sample.remote(tasks, step, publication.header(), [self.weights.ref(publication)])
+    def sample(
+        self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None
+    ) -> list[Episode]:
+        call = self.actor.sample.remote(tasks, step, publication.header(), [self.weights.ref(publication)], indices)
         [(pid, episodes)] = _get(self.ray, [call], self.pipeline.worker_timeout_s,
                                  f"rollout actor {self.index}, batch {step}", self.pipeline.worker_restarts)
         self.restarts.saw(self.index, pid)
         return episodes
+
+    def check(self) -> None:
+        [pid] = _get(self.ray, [self.actor.check.remote()], self.pipeline.health_timeout_s,
+                     f"rollout actor {self.index}, health check", self.pipeline.worker_restarts)
+        self.restarts.saw(self.index, pid)
 
 
 class RayScorers:
@@ -259,12 +284,13 @@ class RayBackend:
         # the ones without a whole GPU pending, and the run would wait for them).
         gpus = min(1.0, ray.cluster_resources().get("GPU", 1.0) / count) if device.type == "cuda" else 0
         rollout_class = ray.remote(**restarts, num_cpus=1, num_gpus=gpus)(RolloutActor)
-        rollouts = [
-            rollout_class.options(name=f"{tag}/rollout-{i}", namespace=NAMESPACE).remote(
+
+        def new_rollout(name: str) -> Any:
+            return rollout_class.options(name=name, namespace=NAMESPACE).remote(
                 cfg, parts.run.name, [policy], device.type, parts.engine.max_batch_rows
             )
-            for i in range(count)
-        ]
+
+        rollouts = [new_rollout(f"{tag}/rollout-{i}") for i in range(count)]
         # Scorers mostly wait on their sandbox processes, which Ray does not schedule: no CPU reserved.
         scorer_class = ray.remote(**restarts, num_cpus=0)(ScorerActor)
         scorers = [
@@ -276,6 +302,18 @@ class RayBackend:
             RayRollout(ray, actor, i, pipeline, policy, weights, rollout_restarts) for i, actor in enumerate(rollouts)
         ]
         scorer_handle = RayScorers(ray, scorers, pipeline)
+        replaced = {"rollout": 0}
+
+        def replace(index: int) -> RayRollout:
+            """A new actor in slot `index` (the old one failed a health check: dead past its
+            restarts, stuck, or computing something else), the old one killed."""
+            ray.kill(rollouts[index], no_restart=True)
+            with rollout_restarts.lock:  # the new actor's process id is no restart of the old one
+                rollout_restarts.pids.pop(index, None)
+            replaced["rollout"] += 1
+            rollouts[index] = new_rollout(f"{tag}/rollout-{index}-r{replaced['rollout']}")
+            rollout_handles[index] = RayRollout(ray, rollouts[index], index, pipeline, policy, weights, rollout_restarts)
+            return rollout_handles[index]
 
         def close() -> None:
             try:
@@ -288,8 +326,9 @@ class RayBackend:
                 ray.shutdown()
 
         return Workers(
-            rollout_handles, scorer_handle, close=close,
-            restarts=lambda: {"rollout": rollout_restarts.count, "scorer": scorer_handle.restarts.count},
+            rollout_handles, scorer_handle, close=close, replace=replace,
+            restarts=lambda: {"rollout": rollout_restarts.count + replaced["rollout"],
+                              "scorer": scorer_handle.restarts.count},
         )
 
 
