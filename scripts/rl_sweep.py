@@ -38,6 +38,8 @@ def parse_arm(text: str) -> tuple[str, list[str]]:
     name, _, overrides = text.partition("=")
     if not name or not name.replace("_", "").replace("-", "").isalnum():
         raise SystemExit(f"--arm {text!r}: expected NAME=OVERRIDES (NAME of letters, digits, '-', '_')")
+    if name == "base":
+        raise SystemExit("--arm base=...: 'base' is the shared warm start's run folder; name the arm otherwise")
     return name, shlex.split(overrides)
 
 
