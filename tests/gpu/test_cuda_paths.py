@@ -61,8 +61,16 @@ def test_sampled_logprobs_on_cuda_match_a_recomputation() -> None:
     groups = EmbeddedEngine(model, tokenizer, "cuda").generate(
         prompts, n=4, params=SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
     )
+    eos = tokenizer.eos_token_id
     for group in groups:
         for completion in group:
+            # The GPU loop looks at finished rows only every few steps: what a row sampled after its
+            # end must be cut off, and its finish reason still right.
+            assert eos not in completion.token_ids[:-1]
+            if completion.finish_reason == "stop":
+                assert completion.token_ids[-1] == eos
+            else:
+                assert len(completion.token_ids) == 12 and eos not in completion.token_ids
             ids = torch.tensor([completion.prompt_ids + completion.token_ids], device="cuda")
             with torch.no_grad():
                 logits = model(ids).logits[0, len(completion.prompt_ids) - 1 : -1].float()

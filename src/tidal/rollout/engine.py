@@ -24,6 +24,10 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from tidal.rollout.kv import FlatCache, supports_flat_cache
 from tidal.types import Completion, FinishReason
 
+SYNC_EVERY = 8  # on an accelerator, decode steps between looks at which rows are done
+CPU_BATCH_ROWS = 256  # default `max_batch_rows` on a CPU
+ACCELERATOR_BATCH_ROWS = 4096  # and on an accelerator
+
 # Called with (prompt index, sample index, token id) for each token as it is sampled, in step order
 # (the server streams from it). It runs on the generating thread, inside the decode loop: keep it cheap.
 TokenCallback = Callable[[int, int, int], None]
@@ -71,7 +75,9 @@ class EmbeddedEngine:
     `model` may be the very object the trainer updates (then call `update_weights(None, version)`
     after each step) or a separate copy (pass the new weights to `update_weights`). It must already
     be on `device`. Batches larger than `max_batch_rows` rows (prompts x samples) are generated in
-    several passes. `kv_cache`: "auto" writes the cache in place (`FlatCache`) where the model's
+    several passes; by default 256 rows on a CPU (larger batches gain nothing there and use more
+    memory) and 4096 on an accelerator, where a decode step of 256 rows costs about what one of
+    4096 does (measured in bench/RESULTS.md, "Rollout on a GPU"). `kv_cache`: "auto" writes the cache in place (`FlatCache`) where the model's
     cache is plain full attention, else `transformers`' `DynamicCache`; "dynamic" forces the latter.
     """
 
@@ -80,10 +86,10 @@ class EmbeddedEngine:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         device: torch.device | str | None = None,
-        max_batch_rows: int = 256,
+        max_batch_rows: int | None = None,
         kv_cache: Literal["auto", "dynamic"] = "auto",
     ) -> None:
-        if max_batch_rows < 1:
+        if max_batch_rows is not None and max_batch_rows < 1:
             raise ValueError(f"max_batch_rows={max_batch_rows} must be >= 1")
         if kv_cache not in ("auto", "dynamic"):
             raise ValueError(f"kv_cache={kv_cache!r} must be 'auto' or 'dynamic'")
@@ -98,6 +104,8 @@ class EmbeddedEngine:
                 "first (model.to(device)): a model shared with the trainer must not move behind its back"
             )
         self.device = model_device
+        if max_batch_rows is None:
+            max_batch_rows = CPU_BATCH_ROWS if model_device.type == "cpu" else ACCELERATOR_BATCH_ROWS
         self.max_batch_rows = max_batch_rows
         self.weight_version = 0
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -250,14 +258,21 @@ class EmbeddedEngine:
 
         tokens = torch.zeros((rows, max_new), dtype=torch.long, device=device)  # (R, max_new)
         logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=device)  # (R, max_new)
-        generated = [max_new] * rows  # tokens kept per row
-        reasons: list[FinishReason] = ["length"] * rows
+        # Per output row: tokens kept (max_new unless it stopped) and whether it stopped, on the device.
+        kept = torch.full((rows,), max_new, dtype=torch.long, device=device)
+        stopped = torch.zeros(rows, dtype=torch.bool, device=device)
         live = torch.arange(rows, device=device)  # output row of each batch row
         alive = torch.ones(rows, dtype=torch.bool, device=device)  # batch rows still sampling
         eos = torch.tensor(self.eos_ids, device=device)
+        check_eos = bool(self.eos_ids) and not params.ignore_eos
         stops = _StopChecker(self.tokenizer, params.stop) if params.stop else None
         # Output row -> (prompt index, sample index), for `on_token`.
         owners = [(unit.prompt, unit.first + offset) for unit in units for offset in range(unit.count)]
+        # Reading a value back from an accelerator waits for its queue to drain, so there the
+        # loop looks at how many rows are done (to stop early or compact the batch) every few
+        # steps only; rows that ended meanwhile sample on, and what they sample is cut off below.
+        # Stop strings and `on_token` need the tokens on the host every step anyway.
+        look_every = 1 if device.type == "cpu" or stops is not None or on_token is not None else SYNC_EVERY
 
         for step in range(max_new):
             token, logprob = _sample(logits, params, generator)
@@ -267,33 +282,34 @@ class EmbeddedEngine:
                 # Rows already finished stay in the batch until it is compacted: skip them.
                 for out_row, token_id in zip(live[alive].tolist(), token[alive].tolist()):
                     on_token(*owners[out_row], token_id)
-            finished = torch.zeros_like(alive)
-            if self.eos_ids and not params.ignore_eos:
-                finished = torch.isin(token, eos) & alive
-            if stops is not None:
-                hits = stops.check(tokens, live, alive & ~finished, step)
-                if hits:
-                    finished[torch.tensor(hits, device=device)] = True
-            ended = live[finished].tolist()
-            for out_row in ended:
-                generated[out_row] = step + 1
-                reasons[out_row] = "stop"
-            if ended:
+            if check_eos or stops is not None:
+                finished = torch.isin(token, eos) & alive if check_eos else torch.zeros_like(alive)
+                if stops is not None:
+                    hits = stops.check(tokens, live, alive & ~finished, step)
+                    if hits:
+                        finished[torch.tensor(hits, device=device)] = True
+                kept[live] = torch.where(finished, step + 1, kept[live])
+                stopped[live] |= finished
                 alive &= ~finished
-            dead = int((~alive).sum())
-            if step + 1 == max_new or dead == len(alive):
+            if step + 1 == max_new:
                 break
-            # Dropping rows copies the cache, so wait until enough of the batch is finished.
-            if dead and dead * 8 >= len(alive):
-                keep = alive.nonzero().flatten()
-                cache.batch_select_indices(keep)
-                token, live, attention, next_position = token[keep], live[keep], attention[keep], next_position[keep]
-                alive = alive[keep]
-                padded = padded and not bool(attention[:, :width].all())
+            if (step + 1) % look_every == 0 and (check_eos or stops is not None):
+                dead = int((~alive).sum())
+                if dead == len(alive):
+                    break
+                # Dropping rows copies the cache, so wait until enough of the batch is finished.
+                if dead and dead * 8 >= len(alive):
+                    keep = alive.nonzero().flatten()
+                    cache.batch_select_indices(keep)
+                    token, live, attention, next_position = token[keep], live[keep], attention[keep], next_position[keep]
+                    alive = alive[keep]
+                    padded = padded and not bool(attention[:, :width].all())
             mask = attention[:, : width + step + 1] if padded else None
             logits = self._forward(token[:, None], mask, next_position[:, None], cache)
             next_position = next_position + 1
 
+        generated = kept.tolist()
+        reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped.tolist()]
         return self._completions(units, prompts, tokens, logprobs, generated, reasons, params, version)
 
     def _completions(
