@@ -55,6 +55,7 @@ from tidal.sandbox.base import (
 )
 from tidal.sandbox.batch import (
     CONTROL_ENV,
+    FORKS_FILE,
     READY_S,
     ZYGOTE_FILE,
     ZYGOTE_SOURCE,
@@ -546,14 +547,18 @@ class BwrapBackend:
             self.prepare_workspace(workspace, limits)
             stack.callback(self.release_workspace, workspace)
             group = None
+            # Beside the jobs' processes: the zygote, and with templates and companions its two
+            # helpers (the nursery and a task's template; zygote_forks.py), so a job still gets
+            # its whole `limits.pids`.
+            extra = 3 if FORKS_FILE in (harness_files or {}) else 1
             if self.cgroups is not None:
-                group = self.cgroups.create(limits.memory_mb + ZYGOTE_MEMORY_MB, limits.pids + 1, limits.cpus)
+                group = self.cgroups.create(limits.memory_mb + ZYGOTE_MEMORY_MB, limits.pids + extra, limits.cpus)
                 if group is not None:
                     stack.callback(group.remove)
             env = self._env(None, None)
             env[CONTROL_ENV] = str(theirs.fileno())
             command = [self.python, *flags, f"{HARNESS_ROOT}/{ZYGOTE_FILE}", WORKSPACE, *preload]
-            inner = self._inner_prefix(self.rlimits(limits, extra_processes=1), f"tidal-start-{secrets.token_hex(8)}:")
+            inner = self._inner_prefix(self.rlimits(limits, extra_processes=extra), f"tidal-start-{secrets.token_hex(8)}:")
             layout = BatchLayout(
                 workspace=workspace,
                 inside=WORKSPACE,
