@@ -347,11 +347,11 @@ class PipelineConfig(Section):
     )
     retries: int = Field(
         3, ge=0, le=100,
-        description="async mode: retries of a rollout chunk that failed on a lost worker or a timed-out call, and "
-        "re-scores of an answer whose score was an infra error, each after an exponential backoff",
+        description="re-scores of an answer whose score was an infra error (both modes) and, in async mode, retries "
+        "of a rollout chunk that failed on a lost worker or a timed-out call, each after an exponential backoff",
     )
-    retry_backoff_s: float = Field(0.5, ge=0, le=3600, description="async mode: the first retry's delay; doubled each time")
-    retry_max_backoff_s: float = Field(30.0, ge=0, le=86400, description="async mode: a retry's delay, at most")
+    retry_backoff_s: float = Field(0.5, ge=0, le=3600, description="the first retry's delay; doubled each time")
+    retry_max_backoff_s: float = Field(30.0, ge=0, le=86400, description="a retry's delay, at most")
     health_check_s: float = Field(
         30.0, ge=0, le=86400,
         description="async mode: how often each idle rollout worker is health-checked (it answers, and computes "

@@ -56,7 +56,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidal.errors import WeightTimeoutError, WorkerLostError
 from tidal.pipeline.backends import Workers, get_backend
 from tidal.pipeline.loop import (
     LoopParts,
@@ -71,8 +70,8 @@ from tidal.pipeline.scheduler import (
     TRAIN_PRIORITY,
     Chunk,
     RetryingScorer,
-    RetryPolicy,
     Scheduler,
+    retry_policy,
 )
 from tidal.pipeline.weights import Publication, WeightChannel, canary_ids, publish
 from tidal.storage.store import TrajectoryStore, open_run_store
@@ -448,8 +447,7 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
         logger.info("ratio control: %d batches in flight ahead of the trainer, at most (bounds %d..%d)", upper, lower, upper)
     workers: Workers = backend.start(parts)
     pipeline = cfg.pipeline
-    retry = RetryPolicy(pipeline.retries, pipeline.retry_backoff_s, pipeline.retry_max_backoff_s,
-                        (WorkerLostError, WeightTimeoutError))
+    retry = retry_policy(pipeline)
     scheduler = Scheduler(workers.rollouts, retry, check=lambda i: scheduler.workers[i].check(),
                           replace=workers.replace, health_every_s=pipeline.health_check_s)
     parts.scheduler = scheduler

@@ -10,6 +10,7 @@ the same tasks on resume.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -198,9 +199,13 @@ def score_and_gate(
 
 def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None = None) -> int:
     """Train from `start_step` to `trainer.steps`. Returns the number of steps taken now."""
+    from tidal.pipeline.scheduler import RetryingScorer, retry_policy
+
     cfg = parts.config
     store = open_run_store(parts.run, cfg.run.trajectory_store)  # an unwritable URL fails here, at once
     store.rollback(start_step)  # what the steps after the resumed checkpoint trained died with them
+    scoring = RetryingScorer(parts.scorer, retry_policy(cfg.pipeline))  # infra errors are scored again
+    parts = dataclasses.replace(parts, scorer=scoring)
     taken = 0
     for step in range(start_step, cfg.trainer.steps):
         timings: dict[str, float] = {}
@@ -230,6 +235,7 @@ def run_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | None =
         metrics = {"step": step + 1, "phase": "rl", **step_metrics(episodes, drops), **train_metrics, **timings}
         metrics["tokens_per_s"] = metrics["completion_tokens"] / max(timings["generate_s"], 1e-9)
         metrics["trained_samples"] = len(kept)
+        metrics.update(scoring.metrics())
         if parts.watch is not None:
             metrics.update(parts.watch.metrics())
         if parts.domains is not None:

@@ -67,6 +67,15 @@ class RetryPolicy:
         return min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
 
 
+def retry_policy(pipeline: Any) -> RetryPolicy:
+    """The run's policy from `pipeline.retries`, `retry_backoff_s` and `retry_max_backoff_s`:
+    lost workers and timed-out weight fetches are retried."""
+    from tidal.errors import WeightTimeoutError
+
+    return RetryPolicy(pipeline.retries, pipeline.retry_backoff_s, pipeline.retry_max_backoff_s,
+                       (WorkerLostError, WeightTimeoutError))
+
+
 @dataclass
 class Chunk:
     """One worker's share of a job: `run(worker)` returns its result."""

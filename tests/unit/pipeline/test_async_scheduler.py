@@ -18,7 +18,14 @@ from tidal.storage.run import RunFolder
 from tidal.trainer.trainer import Trainer
 from tidal.types import Task
 
-from .test_async_loop import STEPS, _assert_exactly_once, _latest, _ray_actor, _run, _store
+from .test_async_loop import (
+    STEPS,
+    _assert_exactly_once,
+    _latest,
+    _ray_actor,
+    _run,
+    _store,
+)
 
 
 def _task(i: int, domain: str, agent: bool = False) -> Task:
@@ -41,7 +48,7 @@ def test_a_batch_split_across_two_workers_matches_the_one_worker_run(tmp_path: P
     one = _run(tmp_path, "one", *common)
     two = _run(tmp_path, "two", *common, "pipeline.rollout_workers=2")
     a, b = _latest(_store(one)), _latest(_store(two))
-    strip = lambda rows: {i.split("/", 1)[1]: r["token_ids"] for i, r in rows.items()}  # noqa: E731 (run name differs)
+    strip = lambda rows: {i.split("/", 1)[1]: r["token_ids"] for i, r in rows.items()}  # the run name differs
     assert strip(a) == strip(b)
     rows = [m for m in two.read_metrics() if m.get("phase") == "rl"]
     assert any(m["rollout_workers_used"] == 2 for m in rows)
