@@ -1,23 +1,30 @@
-"""The asynchronous loop against the synchronous one, on sandboxed code rewards.
+"""The asynchronous loop against the synchronous one, on sandboxed code rewards, on each backend.
 
-Both sides run the same job from the same seed, each in a fresh run folder: the tiny model
-(--hidden, --layers), a short warm start, then --steps GRPO steps on the built-in `code` family,
-whose answers are scored by running the task's tests in bwrap sandboxes (`sandbox.workers` at a
-time). Group size and completion length are chosen so that generating a batch takes about as long
-as scoring it (both times are reported, from the synchronous run's metrics). The synchronous loop
-generates, scores and trains in turn; the asynchronous one (`pipeline.mode: async`,
-`algorithm.max_staleness`) generates batch b+1 while batch b is scored and batch b-1 trained.
+All sides run the same job from the same warm-started weights, each in a fresh run folder: the
+tiny model (--hidden, --layers), warm-started once (--warm-start steps on the `code` family's
+references, shared by every side), then --steps GRPO steps on the built-in `code` family, whose
+answers are scored by running the task's tests in bwrap sandboxes (`sandbox.workers` at a time).
+The synchronous loop generates, scores and trains in turn; the asynchronous one (`pipeline.mode:
+async`, `algorithm.max_staleness`) generates batch b+1 while batch b is scored and batch b-1
+trained, once with the `local` backend (threads) and once with `ray` (Ray actors on a Ray started
+in the process), unless --backends says otherwise.
 
-Generation runs with --threads torch threads (default 1) and scoring with --workers sandboxes
-(default 2), so that on 2 cores the overlapped stages do not both ask for every core; with 2 torch
-threads they slow each other down more (measured: 1.00x at --threads 2).
+Two workloads. By default the tests are the family's own, CPU-bound: generation and scoring then
+compete for the same 2 cores, and the overlap can only win what one stage leaves idle, less than
+the perfect-overlap bound the report gives (the synchronous step over its longest stage). With --test-wait-s W every task gets one more
+test that waits W seconds, as integration tests waiting on I/O do: scoring then takes wall time
+without CPU, the situation of a GPU cluster whose sandboxes run beside the accelerators (or a
+remote sandbox service), where the two stages use different resources.
 
-Reported: the wall time of the RL phase of each (from each run's summary), their ratio, and the
-reward reached: the mean train reward of the last steps and the held-out pass rate after RL. The
-result goes into the "## Async vs sync" section of bench/RESULTS.md.
+Generation runs with --threads torch threads (default 1) and scoring with --workers sandboxes.
+Reported per side: the wall time of the RL phase (from each run's summary), the speed-up over the
+synchronous run, and the reward reached (mean train reward of the last steps, held-out pass rate
+after RL, samples trained). The result goes into the "## Async vs sync" section of bench/RESULTS.md
+(or "## Async vs sync, I/O-bound tests" with --test-wait-s).
 
-    python bench/async_vs_sync.py                 # 6 steps of 2 tasks x 8 samples, 256 new tokens
-    python bench/async_vs_sync.py --steps 4 --no-write
+    python bench/async_vs_sync.py                      # CPU-bound tests, sync / async local / async ray
+    python bench/async_vs_sync.py --test-wait-s 0.5    # tests that wait on I/O
+    python bench/async_vs_sync.py --steps 4 --backends local --no-write
 """
 
 from __future__ import annotations
@@ -52,7 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-staleness", type=int, default=1, help="async side's algorithm.max_staleness (default 1)")
     parser.add_argument("--workers", type=int, default=2, help="concurrent scoring sandboxes (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    parser.add_argument("--warm-start", type=int, default=3, help="warm-start steps before RL (default 3)")
+    parser.add_argument("--warm-start", type=int, default=300, help="warm-start steps, shared by all sides (default 300)")
+    parser.add_argument("--backends", nargs="+", default=["local", "ray"], choices=["local", "ray"],
+                        help="backends of the async side (default: local ray)")
+    parser.add_argument("--test-wait-s", type=float, default=0.0,
+                        help="one more test per task that waits this long (I/O-bound tests; default 0: none)")
     parser.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"), help="file to update")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
@@ -65,33 +76,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def config_text(args: argparse.Namespace) -> str:
-    """The job both sides run (the mode is given as an override)."""
+def task_file(args: argparse.Namespace, folder: Path) -> Path:
+    """The `code` family's tasks (train and eval), each with one more test that waits
+    --test-wait-s seconds when that is set (it runs for every answer, after the others)."""
+    from tidal.tasks import generate_tasks, write_tasks
+
+    tasks = generate_tasks("code", 64, "train", args.seed, 1, 1) + generate_tasks("code", 8, "eval", args.seed, 1, 1)
+    if args.test_wait_s > 0:
+        for task in tasks:
+            name = min(task.tests)
+            task.tests[name] += f"\n\ndef test_zz_waits_on_io():\n    import time\n    time.sleep({args.test_wait_s})\n"
+    path = folder / "code_tasks.jsonl"
+    write_tasks(tasks, path)
+    return path
+
+
+def config_text(args: argparse.Namespace, tasks: Path, model: str = "tiny", warm_steps: int = 0) -> str:
+    """The job every side runs (mode and backend are given as overrides)."""
     return f"""\
 model:
-  path: tiny
+  path: {model}
   tiny: {{hidden_size: {args.hidden}, num_layers: {args.layers}, num_heads: 4, num_kv_heads: 2, intermediate_size: {3 * args.hidden}}}
 rollout: {{group_size: {args.group_size}, max_new_tokens: {args.new_tokens}}}
 tasks:
   tasks_per_step: {args.tasks}
   domains:
-    code: {{family: code, weight: 1, n_train: 64, n_eval: 8, max_difficulty: 1}}
+    code: {{sources: [{tasks}], weight: 1}}
 reward:
   sandbox: {{backend: bwrap, workers: {args.workers}}}
-trainer: {{steps: {args.steps}, checkpoint_every: {args.steps}, lr: 1.0e-4}}
-warm_start: {{steps: {args.warm_start}, batch_size: 8}}
+trainer: {{steps: {args.steps}, checkpoint_every: {max(args.steps, 1)}, lr: 1.0e-4}}
+warm_start: {{enabled: {str(warm_steps > 0).lower()}, steps: {max(warm_steps, 1)}, batch_size: 8, share: 0.5}}
 eval: {{samples_per_task: 2}}
 run: {{progress: false, seed: {args.seed}}}
 """
 
 
-def run_side(config: Path, parent: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+def warm_started(args: argparse.Namespace, folder: Path, tasks: Path) -> str:
+    """Warm-start the tiny model once (a run with no RL steps); the checkpoint every side loads."""
+    from tidal.pipeline import quickstart as qs
+
+    config = folder / "warm.yaml"
+    config.write_text(config_text(args, tasks, warm_steps=args.warm_start))
+    qs.run_quickstart(config, ["trainer.steps=0"], folder, "warm")
+    return str(folder / "warm" / "checkpoints" / "warm-start")
+
+
+def run_side(config: Path, parent: Path, side: str, args: argparse.Namespace) -> dict[str, Any]:
     from tidal.pipeline import quickstart as qs
     from tidal.storage.run import RunFolder
 
+    mode, _, backend = side.partition("-")
     overrides = [f"pipeline.mode={mode}", f"algorithm.max_staleness={args.max_staleness}"]
-    qs.run_quickstart(config, overrides, parent, mode)
-    run = RunFolder.open(parent / mode)
+    if backend:
+        overrides.append(f"pipeline.backend={backend}")
+    qs.run_quickstart(config, overrides, parent, side)
+    run = RunFolder.open(parent / side)
     summary = json.loads((run.path / "summary.json").read_text())
     rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
     mean = lambda key: statistics.fmean(float(m.get(key, 0.0)) for m in rows)
@@ -107,57 +146,84 @@ def run_side(config: Path, parent: Path, mode: str, args: argparse.Namespace) ->
         "trainer_idle_s": mean("trainer_idle_s") if mode == "async" else None,
         "scorer_idle_s": mean("scorer_idle_s") if mode == "async" else None,
         "sampler_idle_s": mean("sampler_idle_s") if mode == "async" else None,
+        "step_s": mean("step_s") if mode == "async" else None,
+        # The first step holds the backend's start (Ray: its actors import torch and tidal, and
+        # receive the model); the later ones are the steady state.
+        "first_step_s": float(rows[0].get("step_s", 0.0)) if rows and mode == "async" else None,
+        "later_step_s": (statistics.fmean(float(m.get("step_s", 0.0)) for m in rows[1:])
+                         if len(rows) > 1 and mode == "async" else None),
     }
 
 
 def report(args: argparse.Namespace, sides: dict[str, dict[str, Any]], command: str) -> str:
-    sync, fast = sides["sync"], sides["async"]
-    ratio = sync["rl_s"] / max(fast["rl_s"], 1e-9)
+    sync = sides["sync"]
     fmt = lambda v: "n/a" if v is None else f"{v:.2f}"
+    stages = [sync["generate_s"], sync["score_s"], sync["train_s"]]
+    bound = sum(stages) / max(max(stages), 1e-9)
+    workload = (
+        f"the family's own CPU-bound tests plus one that waits {args.test_wait_s:g} s (as tests waiting on I/O do)"
+        if args.test_wait_s > 0 else "the family's own tests (CPU-bound)"
+    )
     lines = [
-        SECTION,
+        section_name(args),
         "",
         f"`{command}` — {dt.date.today().isoformat()}, {machine()}.",
         "",
         (
-            f"Workload: the built-in `code` family (answers scored by running the task's tests in bwrap sandboxes,"
-            f" {args.workers} at a time), {args.threads} torch thread(s), the tiny model (hidden {args.hidden}, {args.layers} layers) after {args.warm_start} warm-start steps,"
-            f" {args.steps} GRPO steps of {args.tasks} tasks x {args.group_size} samples, up to {args.new_tokens} new tokens,"
-            f" seed {args.seed}; each side in a fresh run folder; async with `max_staleness: {args.max_staleness}`."
+            f"Workload: the built-in `code` family, difficulty 1, {workload}, answers scored in bwrap sandboxes"
+            f" ({args.workers} at a time); {args.threads} torch thread(s); the tiny model (hidden {args.hidden},"
+            f" {args.layers} layers) warm-started once for {args.warm_start} steps on half the train tasks' references"
+            f" (every side loads that checkpoint); {args.steps} GRPO steps of {args.tasks} tasks x {args.group_size}"
+            f" samples, up to {args.new_tokens} new tokens, seed {args.seed}; each side in a fresh run folder; async"
+            f" with `max_staleness: {args.max_staleness}`."
         ),
         (
             f"Per step in the synchronous run: generate {sync['generate_s']:.2f} s, score {sync['score_s']:.2f} s,"
-            f" train {sync['train_s']:.2f} s."
+            f" train {sync['train_s']:.2f} s; perfect overlap of the three (each on its own resources) would be"
+            f" {bound:.2f}x."
         ),
         "",
-        "| | RL wall time (s) | train reward, last steps | held-out pass rate after | trained samples |",
-        "|---|---|---|---|---|",
+        "| side | RL wall time (s) | speed-up over sync | train reward, last steps | held-out pass rate after | trained samples |",
+        "|---|---|---|---|---|---|",
     ]
-    for name in ("sync", "async"):
-        side = sides[name]
+    for name, side in sides.items():
+        ratio = sync["rl_s"] / max(side["rl_s"], 1e-9)
         lines.append(
-            f"| {name} | {side['rl_s']:.1f} | {side['train_reward_last']:.3f} | {fmt(side['heldout_after'])}"
-            f" | {side['trained_samples']} |"
+            f"| {name} | {side['rl_s']:.1f} | {'**' + format(ratio, '.2f') + 'x**' if name != 'sync' else '1.00x'}"
+            f" | {side['train_reward_last']:.3f} | {fmt(side['heldout_after'])} | {side['trained_samples']} |"
         )
-    lines += [
-        "",
-        (
-            f"**Async / sync speed-up: {ratio:.2f}x** (RL-phase wall time, same steps and samples)."
-            f" Async per step: generate {fast['generate_s']:.2f} s, score {fast['score_s']:.2f} s (overlapped, they"
-            f" share the cores), trainer idle {fmt(fast['trainer_idle_s'])} s, scorer idle {fmt(fast['scorer_idle_s'])} s,"
-            f" sampler idle {fmt(fast['sampler_idle_s'])} s."
-        ),
-        "",
-    ]
+    lines.append("")
+    for name, side in sides.items():
+        if name == "sync":
+            continue
+        lines.append(
+            f"- {name} per step: {side['step_s']:.2f} s; generate {side['generate_s']:.2f} s and score"
+            f" {side['score_s']:.2f} s (overlapped), trainer idle {fmt(side['trainer_idle_s'])} s, scorer idle"
+            f" {fmt(side['scorer_idle_s'])} s, sampler idle {fmt(side['sampler_idle_s'])} s."
+        )
+    if "async-local" in sides and "async-ray" in sides:
+        local, ray = sides["async-local"], sides["async-ray"]
+        lines.append(
+            f"- Backend overhead: Ray's RL phase took {ray['rl_s'] - local['rl_s']:+.1f} s"
+            f" ({ray['rl_s'] / max(local['rl_s'], 1e-9):.2f}x) against the local backend's. Its first step took"
+            f" {fmt(ray['first_step_s'])} s (local: {fmt(local['first_step_s'])} s): Ray starting in the process and"
+            f" its actors importing torch and tidal and receiving the model; its later steps {fmt(ray['later_step_s'])} s"
+            f" each (local: {fmt(local['later_step_s'])} s), each weight version going through the object store."
+        )
+    lines.append("")
     if max(side["trained_samples"] for side in sides.values()) == 0:
         lines += [
             (
-                "No step trained: every group's rewards were equal (all 0), so the gate dropped them all and the"
+                "No step trained: every group's rewards were equal, so the gate dropped them all and the"
                 " reward comparison says nothing; the ratio is the overlap of generation and scoring alone."
             ),
             "",
         ]
     return "\n".join(lines)
+
+
+def section_name(args: argparse.Namespace) -> str:
+    return SECTION + (", I/O-bound tests" if args.test_wait_s > 0 else "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,15 +234,18 @@ def main(argv: list[str] | None = None) -> None:
     command = "python bench/async_vs_sync.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     sides: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="tidal-async-vs-sync-") as tmp:
-        config = Path(tmp) / "job.yaml"
-        config.write_text(config_text(args))
-        for mode in ("sync", "async"):
-            sides[mode] = run_side(config, Path(tmp), mode, args)
-            print(mode, json.dumps(sides[mode]), flush=True)
+        folder = Path(tmp)
+        tasks = task_file(args, folder)
+        model = warm_started(args, folder, tasks)
+        config = folder / "job.yaml"
+        config.write_text(config_text(args, tasks, model=model))
+        for side in ["sync", *(f"async-{backend}" for backend in args.backends)]:
+            sides[side] = run_side(config, folder, side, args)
+            print(side, json.dumps(sides[side]), flush=True)
     text = report(args, sides, command.strip())
     print(text)
     if not args.no_write:
-        write_section(args.results, SECTION, text)
+        write_section(args.results, section_name(args), text)
 
 
 if __name__ == "__main__":
