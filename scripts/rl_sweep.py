@@ -31,7 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from seesaw import cell, fresh_copy, train_rewards  # noqa: E402
+from seesaw import cell, fresh_copy, shared_base, train_rewards
 
 
 def parse_arm(text: str) -> tuple[str, list[str]]:
@@ -48,7 +48,7 @@ def comparisons(run: Path) -> dict[str, dict[str, Any]]:
     from tidal.eval.heldout import compare
 
     folder = run / "eval"
-    load = lambda tag: [json.loads(l) for l in (folder / f"{tag}.jsonl").read_text().splitlines() if l.strip()]  # noqa: E731,E741
+    load = lambda tag: [json.loads(l) for l in (folder / f"{tag}.jsonl").read_text().splitlines() if l.strip()]
     before = load("before")
     tags = sorted(p.stem for p in folder.glob("step-*.jsonl")) + (["after"] if (folder / "after.jsonl").exists() else [])
     return {tag: compare(before, load(tag)) for tag in tags}
@@ -59,8 +59,8 @@ def render(name: str, results: dict[str, dict[str, Any]], command: str, info: di
     lines = [
         f"# RL sweep: {name}",
         "",
-        f"Produced by `{command}` on {dt.date.today().isoformat()} ({seconds / 60:.0f} min; {info['machine']}). "
-        "Every number below is read from the arms' run folders.",
+        (f"Produced by `{command}` on {dt.date.today().isoformat()} ({seconds / 60:.0f} min; {info['machine']}). "
+         "Every number below is read from the arms' run folders."),
         "",
         (f"One warm start and one held-out evaluation before RL are shared by every arm; each arm runs up to "
         f"{info['steps']} RL steps of {info['tasks_per_step']} tasks x {info['group_size']} samples and is "
@@ -103,18 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("give at least one --arm NAME=OVERRIDES")
     sys.path.insert(0, str(ROOT / "src"))
     from tidal.config import load_config
-    from tidal.pipeline.quickstart import Job, start_run
     from tidal.storage.run import RunFolder
 
     began = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
     common = [*args.overrides, "run.progress=false"]
-    base_dir = args.out / "base"
-    if args.base is not None and not (base_dir / "state.json").exists():
-        fresh_copy(args.base, base_dir)
-    if not (base_dir / "state.json").exists() or "eval_before" not in json.loads((base_dir / "state.json").read_text()):
-        cfg = load_config(args.config, [*common, "trainer.steps=0"])
-        Job(cfg, start_run(cfg, args.out, "base")).execute()  # tasks, warm start, eval before
+    base_dir = shared_base(args.config, args.out, args.base, common)
     cfg = load_config(RunFolder.open(base_dir).config_path, [])
     arm_overrides = {
         name: [*common, f"trainer.steps={args.steps}", f"eval.every={args.eval_every}", *overrides]
@@ -150,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     for name, overrides in arm_overrides.items():
         arm_dir = args.out / name
-        rows = [json.loads(l) for l in (arm_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]  # noqa: E741
+        rows = [json.loads(l) for l in (arm_dir / "metrics.jsonl").read_text().splitlines() if l.strip()]
         results[name] = {
             "comparisons": comparisons(arm_dir),
             "train_rewards": train_rewards(arm_dir),

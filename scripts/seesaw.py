@@ -83,6 +83,24 @@ def fresh_copy(base: Path, target: Path) -> None:
         metrics.write_text("".join(r + "\n" for r in rows))
 
 
+def shared_base(config: Path, out: Path, base: Path | None, overrides: list[str]) -> Path:
+    """`out/base`: the run every arm copies (tasks, warm start, evaluation before RL), copied from
+    `base` when given, else made here from `config` and `overrides` (unless already there)."""
+    from tidal.config import load_config
+    from tidal.pipeline.quickstart import Job, start_run
+
+    out.mkdir(parents=True, exist_ok=True)
+    base_dir = out / "base"
+    if base is not None and not (base_dir / "state.json").exists():
+        fresh_copy(base, base_dir)
+    if not (base_dir / "state.json").exists() or "eval_before" not in json.loads((base_dir / "state.json").read_text()):
+        if base_dir.exists():
+            shutil.rmtree(base_dir)
+        cfg = load_config(config, [*overrides, "trainer.steps=0"])
+        Job(cfg, start_run(cfg, out, "base")).execute()  # tasks, warm start, eval before (and a 0-step RL)
+    return base_dir
+
+
 def train_rewards(run: Path) -> dict[str, tuple[float, float]]:
     """Per domain: mean train reward over the first and the last fifth of the RL steps."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -153,20 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from tidal.config import load_config
-    from tidal.pipeline.quickstart import Job, run_training, start_run
+    from tidal.pipeline.quickstart import run_training
     from tidal.storage.run import RunFolder
 
     began = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
     common = [*args.overrides, "run.progress=false"]
-    base_dir = args.out / "base"
-    if args.base is not None and not (base_dir / "state.json").exists():
-        fresh_copy(args.base, base_dir)
-    if not (base_dir / "state.json").exists() or "eval_before" not in json.loads((base_dir / "state.json").read_text()):
-        if base_dir.exists():
-            shutil.rmtree(base_dir)
-        cfg = load_config(args.config, [*common, "trainer.steps=0"])
-        Job(cfg, start_run(cfg, args.out, "base")).execute()  # tasks, warm start, eval before (and a 0-step RL)
+    base_dir = shared_base(args.config, args.out, args.base, common)
     cfg = load_config(RunFolder.open(base_dir).config_path, [])
     domains = list(cfg.tasks.domains)
     results: dict[str, dict[str, Any]] = {}
