@@ -31,7 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from seesaw import cell, fresh_copy, shared_base, train_rewards
+from seesaw import cell, fresh_copy, shared_base, train_rewards, write_doc
 
 
 def parse_arm(text: str) -> tuple[str, list[str]]:
@@ -168,10 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{args.name}.md").write_text(text)
     if not args.no_write:
         doc = ROOT / "docs" / "experiments" / f"{args.name}.md"
-        doc.parent.mkdir(parents=True, exist_ok=True)
-        previous = doc.read_text() if doc.exists() else ""
-        notes = previous.split("\n## What it shows\n", 1)[1] if "\n## What it shows\n" in previous else ""
-        doc.write_text(text + ("\n## What it shows\n" + notes if notes else ""))
+        write_doc(doc, text)
         print(f"[sweep] wrote {doc}")
     return 0
 

@@ -101,6 +101,14 @@ def shared_base(config: Path, out: Path, base: Path | None, overrides: list[str]
     return base_dir
 
 
+def write_doc(doc: Path, text: str) -> None:
+    """Write the measured `text` to `doc`, keeping its hand-written "## What it shows" section."""
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    previous = doc.read_text() if doc.exists() else ""
+    notes = previous.split("\n## What it shows\n", 1)[1] if "\n## What it shows\n" in previous else ""
+    doc.write_text(text + ("\n## What it shows\n" + notes if notes else ""))
+
+
 def train_rewards(run: Path) -> dict[str, tuple[float, float]]:
     """Per domain: mean train reward over the first and the last fifth of the RL steps."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -197,10 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(results, command.strip(), base_cfg, time.perf_counter() - began)
     print(text)
     if not args.no_write:
-        DOC.parent.mkdir(parents=True, exist_ok=True)
-        previous = DOC.read_text() if DOC.exists() else ""
-        notes = previous.split("\n## What it shows\n", 1)[1] if "\n## What it shows\n" in previous else ""
-        DOC.write_text(text + ("\n## What it shows\n" + notes if notes else ""))
+        write_doc(DOC, text)
         print(f"[seesaw] wrote {DOC}")
     return 0
 
