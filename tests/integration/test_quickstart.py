@@ -82,3 +82,36 @@ def test_invalid_config_is_one_clear_report(tmp_path: Path) -> None:
     result = runner.invoke(app, ["quickstart", "--smoke", "--out", str(tmp_path), "trainer.lr=-1", "rollout.top_p=0"])
     assert result.exit_code == 2
     assert "trainer.lr: must be > 0.0" in result.output and "rollout.top_p: must be > 0.0" in result.output
+
+
+def test_merged_policy_is_evaluated_and_exported(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    # The smoke model earns no reward; keeping its samples and a replay loss make the weights move.
+    overrides = ["merge.weight=0.5", "replay.source=base", "algorithm.replay_weight=1",
+                 "gate.drop_truncated=false", "gate.drop_zero_variance=false", "gate.max_repetition=1"]
+    path = qs.run_quickstart(qs.find_config("smoke"), overrides, tmp_path, "merged")
+    run = RunFolder.open(tmp_path / "merged")
+    assert path == run.report_path
+    summary = json.loads(run.summary_path.read_text())
+    policy = Path(summary["run"]["policy"])
+    assert policy == run.checkpoints_dir / "policy" and summary["run"]["merge_weight"] == 0.5
+    AutoModelForCausalLM.from_pretrained(policy)  # plain transformers loads the exported policy
+    start = load_file(str(run.checkpoints_dir / "warm-start" / "model.safetensors"))
+    trained = load_file(str(run.checkpoints_dir / "rl" / "step-000002" / "model" / "model.safetensors"))
+    merged = load_file(str(policy / "model.safetensors"))
+    moved = 0
+    for name, tensor in merged.items():
+        assert torch.allclose(tensor, start[name] + 0.5 * (trained[name] - start[name]), atol=1e-6), name
+        moved += int(not torch.equal(trained[name], start[name]))
+    assert moved > 0  # RL did change the weights, so the merge is not trivially equal to either end
+
+
+def test_unmerged_run_points_at_its_last_rl_checkpoint(tmp_path: Path) -> None:
+    qs.run_quickstart(qs.find_config("smoke"), [], tmp_path, "plain")
+    run = RunFolder.open(tmp_path / "plain")
+    summary = json.loads(run.summary_path.read_text())
+    assert Path(summary["run"]["policy"]) == run.checkpoints_dir / "rl" / "step-000002" / "model"
+    assert not (run.checkpoints_dir / "policy").exists()

@@ -304,6 +304,16 @@ class ReplayConfig(Section):
     buffer_size: int = Field(2048, ge=1, le=1 << 20, description="trajectories: the most recent samples kept")
 
 
+class MergeConfig(Section):
+    """Weight-space merging against forgetting (trainer/merge.py, WiSE-FT): the policy that is
+    evaluated and exported is `start + weight * (trained - start)`, `start` being the weights RL
+    began from. Training and its checkpoints keep the unmerged weights."""
+
+    weight: float = Field(
+        1.0, gt=0, le=1, description="share of the RL update kept in the evaluated and exported policy (1 = no merge)"
+    )
+
+
 class PipelineConfig(Section):
     """How the RL loop runs (docs/design/loop.md): `sync` samples, scores and trains in turn;
     `async` generates and scores in the background while the trainer trains, with the rollout and
@@ -437,6 +447,7 @@ class TidalConfig(Section):
     audit: AuditConfig = Field(default_factory=AuditConfig)
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    merge: MergeConfig = Field(default_factory=MergeConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     @model_validator(mode="after")

@@ -45,6 +45,8 @@ from tidal.storage.run import RunFolder, TrajectoryWriter
 from tidal.tasks import generate_tasks, load_tasks, write_tasks
 from tidal.tasks.mixer import TaskMixer
 from tidal.telemetry.progress import ProgressDisplay, rl_status
+from tidal.trainer.checkpoint import latest_checkpoint
+from tidal.trainer.merge import Merge
 from tidal.trainer.trainer import Trainer
 from tidal.types import Task
 
@@ -135,6 +137,8 @@ class Job:
                 self._load_weights(model, warm_dir / "model" if (warm_dir / "model").exists() else warm_dir)
 
             reference = copy.deepcopy(model).eval() if cfg.algorithm.kl_coef > 0 else None
+            # The weights RL starts from: merged back into what is evaluated and exported (merge.weight < 1).
+            merge = Merge(model, cfg.merge.weight)
             before = self._evaluate("before", engine, scorer, eval_tasks, progress)
 
             trainer = Trainer(
@@ -164,7 +168,7 @@ class Job:
                     # new chunk while it runs (pipeline/scheduler.py).
                     held = parts.scheduler.hold(EVAL_PRIORITY, f"held-out eval at step {step}") if parts.scheduler \
                         else contextlib.nullcontext()
-                    with held:
+                    with held, merge.view(model):
                         records = self._evaluate(f"step-{step:06d}", engine, scorer, eval_tasks, progress, force=True)
                     rates = pass_rates(records)
                     if watch is not None:
@@ -184,13 +188,25 @@ class Job:
             loop(parts, start, on_step)
             self.mark("rl", cfg.trainer.steps)
             rl_seconds = time.perf_counter() - rl_began
-            after = self._evaluate("after", engine, scorer, eval_tasks, progress, force=True)
+            with merge.view(model):
+                after = self._evaluate("after", engine, scorer, eval_tasks, progress, force=True)
+                policy = self._export_policy(model, tokenizer, merge)
 
         summary = self._summary(loaded.source, count_parameters(model), before, after, rl_seconds)
+        summary["run"]["policy"] = str(policy)
+        summary["run"]["merge_weight"] = cfg.merge.weight
         run.write_json("summary.json", summary)
         report = write_report(run.report_path, summary, run.read_metrics())
         self.mark("done")
         return report
+
+    def _export_policy(self, model: torch.nn.Module, tokenizer: Any, merge: Merge) -> Path:
+        """The post-trained policy's folder: the last RL checkpoint's model, or, when merging, the
+        merged weights (which `model` holds now) saved as their own Hugging Face folder."""
+        if merge.active:
+            return save_checkpoint(model, tokenizer, self.run.checkpoints_dir / "policy")
+        latest = latest_checkpoint(self.run.checkpoints_dir / "rl")
+        return latest / "model" if latest is not None else self.run.checkpoints_dir / "warm-start"
 
     def _load_weights(self, model: torch.nn.Module, folder: Path) -> None:
         from safetensors.torch import load_file
