@@ -121,10 +121,9 @@ class Scorer:
     def _score_group(self, group: _Group, answers: list[tuple[str, list[int]]]) -> list[tuple[list[int], Score]]:
         """Distinct answers to one task, with the item indices of each: their scores (cached)."""
         texts = [text for text, _ in answers]
-        if len(texts) == 1:
-            scores = [get_verifier(group.task.verifier.name)(group.task, texts[0], self.context)]
-        else:
-            scores = group.batch(group.task, texts, self.context)
+        # A lone distinct answer (a sharp policy's group is often one answer 8 times) goes through
+        # the batch form too: with a warm pool that is a fork, not a cold sandbox.
+        scores = group.batch(group.task, texts, self.context)
         for text, score in zip(texts, scores):
             self._remember(group.task, text, score)
         return [(indices, score) for (_, indices), score in zip(answers, scores)]

@@ -525,7 +525,9 @@ def python_tests_batch(task: Task, answers: list[str], ctx: ScoringContext) -> l
         else:
             ready.append((index, prepared))
     try:
-        backend = ctx.sandbox() if len(ready) > 1 else None
+        # One answer too: a warm pool forks it from a zygote that already imported pytest (and
+        # holds the task's template), where `python_tests` alone would start a cold sandbox.
+        backend = ctx.sandbox() if ready else None
     except SandboxUnavailableError:
         backend = None  # each answer scored alone says so
     if isinstance(backend, BatchBackend):
