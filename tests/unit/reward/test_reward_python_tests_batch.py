@@ -156,3 +156,16 @@ def test_the_scorer_batches_by_task_and_scores_each_distinct_answer_once(
     assert scores[0] is not scores[3]  # copies: a caller changing one does not change the others
     assert outcomes(scorer.score_many(items)) == outcomes(scores)
     assert sorted(backend.batches) == [2, 2] and backend.runs == 0  # all from the cache
+
+
+def test_a_lone_distinct_answer_is_batched_not_run_cold(counting: tuple[Counting, ScoringContext]) -> None:
+    # A sharp policy's group is often one answer eight times: that one answer goes to the batch
+    # form (a fork of a warm zygote under a pool) rather than a cold sandbox of its own.
+    backend, _ = counting
+    scorer = Scorer(RewardConfig(sandbox=SandboxConfig(workers=2)), backend=backend)  # type: ignore[arg-type]
+    other = make_task().model_copy(update={"id": "code/other"})
+    scores = scorer.score_many([(make_task(), CORRECT)] * 8 + [(other, WRONG)])
+    assert sorted(backend.batches) == [1, 1] and backend.runs == 0
+    assert [s.outcome for s in scores] == [Outcome.PASSED] * 8 + [Outcome.FAILED]
+    single = get_verifier("python_tests")(make_task(), CORRECT, ScoringContext(backend))  # type: ignore[arg-type]
+    assert (single.value, single.outcome) == (scores[0].value, scores[0].outcome) and backend.runs == 1
