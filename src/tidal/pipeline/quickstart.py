@@ -137,8 +137,12 @@ class Job:
                 self._load_weights(model, warm_dir / "model" if (warm_dir / "model").exists() else warm_dir)
 
             reference = copy.deepcopy(model).eval() if cfg.algorithm.kl_coef > 0 else None
-            # The weights RL starts from: merged back into what is evaluated and exported (merge.weight < 1).
-            merge = Merge(model, cfg.merge.weight)
+            # The weights RL starts from, merged back into what is evaluated and exported; a copy of
+            # the model, so only kept when merging.
+            merge = Merge(model, cfg.merge.weight) if cfg.merge.weight < 1 else None
+
+            def merged() -> contextlib.AbstractContextManager[Any]:
+                return merge.view(model) if merge is not None else contextlib.nullcontext()
             before = self._evaluate("before", engine, scorer, eval_tasks, progress)
 
             trainer = Trainer(
@@ -168,7 +172,7 @@ class Job:
                     # new chunk while it runs (pipeline/scheduler.py).
                     held = parts.scheduler.hold(EVAL_PRIORITY, f"held-out eval at step {step}") if parts.scheduler \
                         else contextlib.nullcontext()
-                    with held, merge.view(model):
+                    with held, merged():
                         records = self._evaluate(f"step-{step:06d}", engine, scorer, eval_tasks, progress, force=True)
                     rates = pass_rates(records)
                     if watch is not None:
@@ -188,7 +192,7 @@ class Job:
             loop(parts, start, on_step)
             self.mark("rl", cfg.trainer.steps)
             rl_seconds = time.perf_counter() - rl_began
-            with merge.view(model):
+            with merged():
                 after = self._evaluate("after", engine, scorer, eval_tasks, progress, force=True)
                 policy = self._export_policy(model, tokenizer, merge)
 
@@ -200,10 +204,10 @@ class Job:
         self.mark("done")
         return report
 
-    def _export_policy(self, model: torch.nn.Module, tokenizer: Any, merge: Merge) -> Path:
+    def _export_policy(self, model: torch.nn.Module, tokenizer: Any, merge: Merge | None) -> Path:
         """The post-trained policy's folder: the last RL checkpoint's model, or, when merging, the
         merged weights (which `model` holds now) saved as their own Hugging Face folder."""
-        if merge.active:
+        if merge is not None and merge.active:
             return save_checkpoint(model, tokenizer, self.run.checkpoints_dir / "policy")
         latest = latest_checkpoint(self.run.checkpoints_dir / "rl")
         return latest / "model" if latest is not None else self.run.checkpoints_dir / "warm-start"
