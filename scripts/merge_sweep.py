@@ -80,10 +80,13 @@ def main() -> None:
     tasks = load_tasks([run.path / "tasks" / "eval.jsonl"])
     samples = args.samples or cfg.eval.samples_per_task
 
-    def evaluate(weight: float) -> list[dict[str, Any]]:
+    def set_weight(weight: float) -> None:
         model.load_state_dict(trained_state)
         merge.weight = weight
         model.load_state_dict(merge.merged_state(model))
+
+    def evaluate(weight: float) -> list[dict[str, Any]]:
+        set_weight(weight)
         return evaluate_policy(
             EmbeddedEngine(model, tokenizer, device), tasks, scorer.score_many, samples_per_task=samples,
             temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -100,9 +103,7 @@ def main() -> None:
             print(json.dumps({"weight": weight, "overall": comparison["overall"]}), flush=True)
         if args.export:
             export_weight = parse_weights(args.export[0])[0]
-            model.load_state_dict(trained_state)
-            merge.weight = export_weight
-            model.load_state_dict(merge.merged_state(model))
+            set_weight(export_weight)
             print(f"merge at {export_weight} written to {save_checkpoint(model, tokenizer, args.export[1])}")
 
     domains = sorted({d for _, c in rows for d in c["domains"]})

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -84,7 +85,7 @@ def test_invalid_config_is_one_clear_report(tmp_path: Path) -> None:
     assert "trainer.lr: must be > 0.0" in result.output and "rollout.top_p: must be > 0.0" in result.output
 
 
-def test_merged_policy_is_evaluated_and_exported(tmp_path: Path) -> None:
+def test_merged_policy_is_evaluated_and_exported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -92,6 +93,14 @@ def test_merged_policy_is_evaluated_and_exported(tmp_path: Path) -> None:
     # The smoke model earns no reward; keeping its samples and a replay loss make the weights move.
     overrides = ["merge.weight=0.5", "replay.source=base", "algorithm.replay_weight=1",
                  "gate.drop_truncated=false", "gate.drop_zero_variance=false", "gate.max_repetition=1"]
+    evaluated: dict[str, dict[str, torch.Tensor]] = {}
+    original = qs.Job._evaluate
+
+    def recording(self: qs.Job, tag: str, engine: Any, *args: Any, **kwargs: Any) -> Any:
+        evaluated[tag] = {k: v.clone() for k, v in engine.model.state_dict().items()}
+        return original(self, tag, engine, *args, **kwargs)
+
+    monkeypatch.setattr(qs.Job, "_evaluate", recording)
     path = qs.run_quickstart(qs.find_config("smoke"), overrides, tmp_path, "merged")
     run = RunFolder.open(tmp_path / "merged")
     assert path == run.report_path
@@ -106,6 +115,7 @@ def test_merged_policy_is_evaluated_and_exported(tmp_path: Path) -> None:
     for name, tensor in merged.items():
         assert torch.allclose(tensor, start[name] + 0.5 * (trained[name] - start[name]), atol=1e-6), name
         moved += int(not torch.equal(trained[name], start[name]))
+        assert torch.equal(evaluated["after"][name], tensor), name  # the merged weights were evaluated
     assert moved > 0  # RL did change the weights, so the merge is not trivially equal to either end
 
 

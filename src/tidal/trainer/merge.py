@@ -5,8 +5,8 @@ This is WiSE-FT (Wortsman et al., 2022, "Robust fine-tuning of zero-shot models"
 post-training: interpolating the fine-tuned weights back toward the starting point keeps much of
 what fine-tuning gained on its own tasks and gives back much of what it cost elsewhere, because
 the two do not move linearly along the line between the weights. Measured on the quickstart
-(docs/experiments/quickstart_rl.md): halfway back, the held-out reasoning gain of RL stayed whole
-while most of the knowledge it had erased came back.
+(docs/experiments/quickstart_rl.md): halfway back kept most of RL's held-out reasoning gain and
+gave back most of the knowledge it had erased.
 
 Training itself is unchanged: the optimizer keeps stepping the trained weights, checkpoints hold
 them (so a run resumes exactly), and only evaluation and the exported policy see the merge.
