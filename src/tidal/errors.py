@@ -127,3 +127,9 @@ class BackendUnavailableError(TidalError):
 
 class WorkerLostError(TidalError):
     """A worker died more often than `pipeline.worker_restarts` allows, or a call to it timed out."""
+
+
+class PreemptedError(TidalError):
+    """Work stopped partway because higher-priority work needed its worker (the scheduler's
+    preemption). Nothing of it is kept: it runs again from its start, which for generation gives
+    the same result (same seed, weights and ids)."""

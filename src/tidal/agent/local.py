@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from tidal.agent.policy import Message, Turn
 from tidal.agent.render import answer_messages, calls_offered, render_messages
 from tidal.agent.toolcall import parse_tool_calls
-from tidal.errors import ModelLoadError
+from tidal.errors import ModelLoadError, PreemptedError
 from tidal.types import Task
 
 if TYPE_CHECKING:
@@ -137,8 +137,9 @@ class LocalPolicy:
 
     def __init__(self, engine: Any, tokenizer: Any, name: str = "local", temperature: float = 0.0,
                  top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = 0,
-                 max_batch: int = 32, gather_s: float = 0.005) -> None:
+                 max_batch: int = 32, gather_s: float = 0.005, cancel: Any = None) -> None:
         self.engine, self.tokenizer, self.name = engine, tokenizer, name
+        self.cancel = cancel  # with `is_set()`: once set, each turn raises `PreemptedError` before it generates
         self.temperature, self.top_p, self.stop, self.seed = temperature, top_p, list(stop or []), seed
         self.max_batch = max_batch  # turns per engine call; 1: every turn alone
         self.gather_s = gather_s  # how long a turn waits for others to share its call
@@ -152,6 +153,8 @@ class LocalPolicy:
         """One completion of `prompt`, generated in the engine call of whichever turns are waiting."""
         from tidal.rollout.batcher import Batcher, Job
 
+        if self.cancel is not None and self.cancel.is_set():
+            raise PreemptedError(f"{self.name}: the episode was preempted before its turn")
         with self._lock:
             if self._batcher is None:  # started on first use; its worker is the engine's only caller
                 self._batcher = Batcher(self.engine, self.max_batch, max_queue=1 << 16,

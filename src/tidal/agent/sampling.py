@@ -25,15 +25,18 @@ def sample_agent_results(
     seed: int,
     backend: str,
     concurrency: int,
+    cancel: Any = None,
 ) -> list[list[AgentResult]]:
     """`k` episodes per task (seeds 0..k-1 of a policy seeded with `seed`), in task order. The
-    episodes' turns share engine calls through the policy's batcher; `concurrency` episodes at once."""
+    episodes' turns share engine calls through the policy's batcher; `concurrency` episodes at once.
+    `cancel` (an object with `is_set()`, e.g. a `threading.Event`): once set, every episode stops
+    at its next turn and `PreemptedError` is raised (the results of the others are dropped)."""
     from tidal.sandbox import get_backend
 
     if not tasks:
         return []
     policy = LocalPolicy(engine, engine.tokenizer, name="local", temperature=temperature, top_p=top_p,
-                         stop=stop, seed=seed)
+                         stop=stop, seed=seed, cancel=cancel)
     sandbox = get_backend(backend)
     config = AgentConfig(max_tokens=max_tokens, max_new_tokens=max_new_tokens)
     jobs = [(task, sample) for task in tasks for sample in range(k)]

@@ -19,6 +19,7 @@ from tidal.types import Completion, Episode, Outcome, Score, Task
 if TYPE_CHECKING:
     from tidal.agent.records import AgentResult
     from tidal.pipeline.loop import LoopParts
+    from tidal.rollout.engine import Cancel
 
 
 def is_multi_turn(task: Task) -> bool:
@@ -47,8 +48,11 @@ def episode_from_result(result: AgentResult, episode_id: str, group_id: str, ver
     return episode
 
 
-def sample_agent_episodes(parts: LoopParts, tasks: list[tuple[int, Task]], step: int) -> list[Episode]:
-    """`group_size` episodes of each (index, task), in the order of `tasks` then sample."""
+def sample_agent_episodes(
+    parts: LoopParts, tasks: list[tuple[int, Task]], step: int, cancel: Cancel | None = None
+) -> list[Episode]:
+    """`group_size` episodes of each (index, task), in the order of `tasks` then sample; once
+    `cancel` is set, `PreemptedError` at the episodes' next turn."""
     from tidal.agent.sampling import sample_agent_results
 
     cfg = parts.config
@@ -57,7 +61,7 @@ def sample_agent_episodes(parts: LoopParts, tasks: list[tuple[int, Task]], step:
         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, stop=list(cfg.rollout.stop),
         max_new_tokens=cfg.rollout.max_new_tokens, max_tokens=cfg.rollout.agent_max_tokens,
         seed=cfg.run.seed * 1_000_003 + step, backend=cfg.reward.sandbox.backend,
-        concurrency=cfg.rollout.agent_concurrency,
+        concurrency=cfg.rollout.agent_concurrency, cancel=cancel,
     )
     episodes = []
     for (index, _), results in zip(tasks, groups):

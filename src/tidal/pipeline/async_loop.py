@@ -271,7 +271,8 @@ class _Sampler(threading.Thread):
         plan = plan_chunks(tasks, cfg.rollout.batch_prompts, priority)
         chunks = [
             Chunk(_chunk_sampler([tasks[i] for i in positions], step, publication, positions),
-                  priority=max(priority(tasks[i]) for i in positions), label=f"batch {step} tasks {positions[0]}..")
+                  priority=max(priority(tasks[i]) for i in positions), label=f"batch {step} tasks {positions[0]}..",
+                  preemptible=True)
             for positions in plan
         ]
         job = self.scheduler.submit(f"batch {step}", TRAIN_PRIORITY, chunks, order=step)
@@ -287,8 +288,9 @@ class _Sampler(threading.Thread):
 
 
 def _chunk_sampler(tasks: list[Task], step: int, publication: Publication, positions: list[int]) -> Any:
-    """A chunk's work: `worker.sample` of these tasks at their positions in batch `step`."""
-    return lambda worker: worker.sample(tasks, step, publication, positions)
+    """A chunk's work: `worker.sample` of these tasks at their positions in batch `step`, stopped
+    (`PreemptedError`) once the scheduler sets `cancel`."""
+    return lambda worker, cancel: worker.sample(tasks, step, publication, positions, cancel)
 
 
 class _ScorerThread(threading.Thread):

@@ -25,7 +25,7 @@ from tidal.models.io import render_prompt
 from tidal.pipeline.agent_rollout import is_multi_turn, sample_agent_episodes
 from tidal.pipeline.domains import DomainRuntime
 from tidal.reward.scorer import Scorer
-from tidal.rollout.engine import EmbeddedEngine, SamplingParams
+from tidal.rollout.engine import Cancel, EmbeddedEngine, SamplingParams
 from tidal.storage.run import RunFolder
 from tidal.storage.store import open_run_store
 from tidal.tasks.mixer import TaskMixer
@@ -73,13 +73,17 @@ def domain_priority(config: TidalConfig) -> Callable[[Task], int]:
     return lambda task: priorities.get(task.domain, 0)
 
 
-def sample_episodes(parts: LoopParts, tasks: list[Task], step: int, indices: list[int] | None = None) -> list[Episode]:
+def sample_episodes(
+    parts: LoopParts, tasks: list[Task], step: int, indices: list[int] | None = None, cancel: Cancel | None = None
+) -> list[Episode]:
     """Generate a group of `group_size` completions for each task, with the current weights, in
     the chunks of `plan_chunks` (one engine call per chunk of single-turn tasks, each prompt
     prefilled once per group; multi-turn episodes for agent tasks: pipeline/agent_rollout.py).
     Episodes come in task order. `indices` are the tasks' positions in the step's batch (their
     group ids); by default 0, 1, ... A rollout worker given one chunk of a batch, with its
-    positions, makes exactly the episodes the whole batch would have for those tasks."""
+    positions, makes exactly the episodes the whole batch would have for those tasks. Once `cancel`
+    is set (the scheduler preempts the chunk), generation stops at its next decode step (an agent
+    episode: at its next turn) and `PreemptedError` is raised; nothing is kept."""
     cfg = parts.config
     positions = list(range(len(tasks))) if indices is None else list(indices)
     if len(positions) != len(tasks):
@@ -95,11 +99,11 @@ def sample_episodes(parts: LoopParts, tasks: list[Task], step: int, indices: lis
     for chunk in plan_chunks(tasks, cfg.rollout.batch_prompts, domain_priority(cfg)):
         multi = [(positions[i], tasks[i]) for i in chunk if is_multi_turn(tasks[i])]
         if multi:
-            for episode in sample_agent_episodes(parts, multi, step):
+            for episode in sample_agent_episodes(parts, multi, step, cancel):
                 by_index.setdefault(int(episode.group_id.rsplit("/g", 1)[1]), []).append(episode)
             continue
         prompts = [render_prompt(parts.engine.tokenizer, tasks[i].messages()) for i in chunk]
-        groups = parts.engine.generate(prompts, cfg.rollout.group_size, params)
+        groups = parts.engine.generate(prompts, cfg.rollout.group_size, params, cancel=cancel)
         for i, group in zip(chunk, groups):
             group_id = f"{parts.run.name}/step-{step:06d}/g{positions[i]:03d}"
             by_index[positions[i]] = [

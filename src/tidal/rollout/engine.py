@@ -15,12 +15,13 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from tidal.errors import PreemptedError
 from tidal.rollout.kv import FlatCache, supports_flat_cache
 from tidal.types import Completion, FinishReason
 
@@ -31,6 +32,12 @@ ACCELERATOR_BATCH_ROWS = 4096  # and on an accelerator
 # Called with (prompt index, sample index, token id) for each token as it is sampled, in step order
 # (the server streams from it). It runs on the generating thread, inside the decode loop: keep it cheap.
 TokenCallback = Callable[[int, int, int], None]
+
+
+class Cancel(Protocol):
+    """A flag a generation looks at before each decode step (a `threading.Event` is one)."""
+
+    def is_set(self) -> bool: ...
 
 
 @dataclass
@@ -150,6 +157,7 @@ class EmbeddedEngine:
         n: int = 1,
         params: SamplingParams | None = None,
         on_token: TokenCallback | None = None,
+        cancel: Cancel | None = None,
     ) -> list[list[Completion]]:
         """`n` completions for each prompt (token ids, e.g. from `render_prompt`).
 
@@ -157,6 +165,8 @@ class EmbeddedEngine:
         weight version current when the call started. With `params.seed` set, the same prompts, n,
         params, weights, `max_batch_rows` and device give the same completions. `on_token`, when
         given, sees every kept token as it is sampled (it does not change what is sampled).
+        `cancel`, when given, is looked at before each decode step: once it is set, the call
+        stops there and raises `PreemptedError`, keeping nothing (the scheduler's preemption).
         """
         params = params or SamplingParams()
         if n < 1:
@@ -176,7 +186,7 @@ class EmbeddedEngine:
         self.model.eval()  # no dropout while sampling; the trainer's mode is restored below
         try:
             for batch in self._plan(prompts, n):
-                completed = self._generate_batch(batch, prompts, params, generator, version, on_token)
+                completed = self._generate_batch(batch, prompts, params, generator, version, on_token, cancel)
                 for unit, completions in zip(batch, completed):
                     results[unit.prompt][unit.first : unit.first + unit.count] = completions
         finally:
@@ -229,6 +239,7 @@ class EmbeddedEngine:
         generator: torch.Generator,
         version: int,
         on_token: TokenCallback | None = None,
+        cancel: Cancel | None = None,
     ) -> list[list[Completion]]:
         device = self.device
         lengths = [len(prompts[unit.prompt]) for unit in units]
@@ -275,6 +286,8 @@ class EmbeddedEngine:
         look_every = 1 if device.type == "cpu" or stops is not None or on_token is not None else SYNC_EVERY
 
         for step in range(max_new):
+            if cancel is not None and cancel.is_set():
+                raise PreemptedError(f"generation stopped at decode step {step} of a batch of {rows} rows")
             token, logprob = _sample(logits, params, generator)
             tokens[live, step] = token
             logprobs[live, step] = logprob

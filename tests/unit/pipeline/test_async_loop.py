@@ -248,13 +248,13 @@ def test_two_rollout_workers_share_the_batches_which_still_train_in_order_once(
     def chunk_sampler(tasks: Any, step: int, publication: Any, positions: list[int]) -> Any:
         run = original_chunk(tasks, step, publication, positions)
 
-        def hooked(worker: Any) -> Any:
+        def hooked(worker: Any, cancel: Any) -> Any:
             with changed:
                 started.append((step, worker.index, publication.version))
                 changed.notify_all()
                 if step == 0:
                     assert changed.wait_for(lambda: any(s == 1 for s, _, _ in started), timeout=120)
-            return run(worker)
+            return run(worker, cancel)
 
         return hooked
 

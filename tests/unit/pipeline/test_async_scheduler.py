@@ -120,3 +120,37 @@ def test_the_held_out_evaluation_holds_the_rollout_workers(tmp_path: Path) -> No
     assert [m["step"] for m in evals] == list(range(1, STEPS))  # after every step but the last
     # Step s's row is written before the evaluation after it: it counts the s - 1 holds before.
     assert [m["scheduler/holds"] for m in rows] == list(range(STEPS))
+
+
+def test_evaluations_preempt_running_rollouts_and_the_run_trains_what_an_unpreempted_run_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an evaluation after every step and staleness 0, each next batch's chunk starts as the
+    evaluation's hold begins. Each batch's first attempt is made to wait (up to 20 s) for its
+    `cancel` before it generates, so the hold preempts it mid-chunk; it runs again after the
+    evaluation. The run trains exactly the tokens and ids of the same run without preemption."""
+    common = ["pipeline.mode=async", "algorithm.max_staleness=0"]
+    plain = _run(tmp_path, "plain", *common, "eval.every=0")  # no evaluation: nothing to preempt for
+    assert [m for m in plain.read_metrics() if m.get("phase") == "rl"][-1]["scheduler/preempted_chunks"] == 0
+    original = LocalRollout.sample
+    first_attempts: set[int] = set()
+    waited: list[bool] = []
+
+    def sample(self: LocalRollout, tasks: Any, step: int, publication: Any, indices: Any = None,
+               cancel: Any = None) -> Any:
+        if cancel is not None and step >= 1 and step not in first_attempts:
+            first_attempts.add(step)
+            waited.append(cancel.wait(20.0))
+        return original(self, tasks, step, publication, indices, cancel)
+
+    monkeypatch.setattr(LocalRollout, "sample", sample)
+    preempted = _run(tmp_path, "preempted", *common, "eval.every=1")
+    assert any(waited)  # some first attempt was preempted
+    rows = [m for m in preempted.read_metrics() if m.get("phase") == "rl"]
+    assert [m["step"] for m in rows] == list(range(1, STEPS + 1))
+    assert rows[-1]["scheduler/preempted_chunks"] == sum(waited) >= 1
+    assert rows[-1]["scheduler/retries"] == 0 and rows[-1]["scheduler/preempted_work_s"] > 0
+    a, b = _latest(_store(plain)), _latest(_store(preempted))
+    strip = lambda rows: {i.split("/", 1)[1]: r["token_ids"] for i, r in rows.items()}  # the run name differs
+    assert strip(a) == strip(b)
+    _assert_exactly_once(_store(preempted), bound=0)

@@ -28,6 +28,7 @@ from tidal.errors import (  # noqa: F401 (re-exported)
     WorkerLostError,
 )
 from tidal.pipeline.weights import Publication
+from tidal.rollout.engine import Cancel
 from tidal.types import Episode, Score, Task
 
 if TYPE_CHECKING:
@@ -36,11 +37,14 @@ if TYPE_CHECKING:
 
 class RolloutWorker(Protocol):
     def sample(
-        self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None
+        self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None,
+        cancel: Cancel | None = None,
     ) -> list[Episode]:
         """Batch `step`'s episodes for `tasks` (as `loop.sample_episodes` makes them; `indices`:
         the tasks' positions in the batch when they are one chunk of it), generated with
-        `publication`'s weights, loaded and verified first if the worker holds another version."""
+        `publication`'s weights, loaded and verified first if the worker holds another version.
+        Once `cancel` is set (the scheduler preempts the chunk), generation stops at its next
+        decode step, wherever it runs, and `PreemptedError` is raised."""
         ...
 
     def check(self) -> None:

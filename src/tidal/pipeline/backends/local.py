@@ -19,7 +19,7 @@ from tidal.pipeline.backends import Workers, split_by_task
 from tidal.pipeline.loop import LoopParts, sample_episodes
 from tidal.pipeline.weights import UNLOADED, Publication, check_canary, load_verified
 from tidal.reward.scorer import Scorer
-from tidal.rollout.engine import EmbeddedEngine
+from tidal.rollout.engine import Cancel, EmbeddedEngine
 from tidal.types import Episode, Score, Task
 
 
@@ -42,12 +42,13 @@ class LocalRollout:
         self.loaded: Publication | None = None  # the header of the publication the engine holds
 
     def sample(
-        self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None
+        self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None,
+        cancel: Cancel | None = None,
     ) -> list[Episode]:
         if self.parts.engine.weight_version != publication.version:
             load_verified(self.parts.engine, publication, self.tolerance)
             self.loaded = publication.header()
-        return sample_episodes(self.parts, tasks, step, indices)
+        return sample_episodes(self.parts, tasks, step, indices, cancel)
 
     def check(self) -> None:
         if self.loaded is not None and self.parts.engine.weight_version == self.loaded.version:

@@ -30,6 +30,11 @@ Between calls, the scheduler (pipeline/scheduler.py) health-checks idle rollout 
 `pipeline.health_check_s` (an answer within `pipeline.health_timeout_s`, and the canary logprobs
 of the weights the actor holds); one that fails is killed and replaced by a new actor
 (`Workers.replace`), which loads and verifies the next publication before it generates.
+
+Preemption: a rollout actor has a second thread (the "control" concurrency group) beside the one
+that runs its calls one at a time. When the scheduler preempts a chunk, the driver's handle calls
+`preempt(call id)` there; the running `sample` stops at its next decode step and answers None,
+which the handle raises as `PreemptedError`. The actor stays as it was (no restart).
 """
 
 from __future__ import annotations
@@ -39,12 +44,14 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from tidal.config.schema import RewardConfig, TidalConfig
+from tidal.errors import PreemptedError
 from tidal.pipeline.backends import (
     BackendUnavailableError,
     WorkerLostError,
@@ -60,12 +67,14 @@ from tidal.pipeline.weights import (
     load_verified,
 )
 from tidal.reward.scorer import Scorer
-from tidal.rollout.engine import EmbeddedEngine
+from tidal.rollout.engine import Cancel, EmbeddedEngine
 from tidal.types import Episode, Score, Task
 
 logger = logging.getLogger(__name__)
 
 NAMESPACE = "tidal"
+CONTROL = "control"  # the rollout actors' concurrency group for `preempt`
+PREEMPT_POLL_S = 0.05  # how often a preemptible call in flight looks at its flag
 RAY_PIN = "ray==2.60.0"  # the version the tests run against (pyproject's `ray` extra)
 
 
@@ -109,6 +118,17 @@ class RolloutActor:
         engine.weight_version = UNLOADED  # a new (or restarted) actor generates only with verified weights
         self.parts = _RolloutParts(config, engine, _RunName(run_name))
         self.loaded: Publication | None = None  # the header of the publication the engine holds
+        # Preemption: `preempt(call)` runs on the actor's "control" thread while `sample` runs.
+        self._cancels: dict[str, threading.Event] = {}  # call id -> its flag (created by whichever comes first)
+        self._cancels_lock = threading.Lock()
+
+    def _cancel(self, call: str) -> threading.Event:
+        with self._cancels_lock:
+            return self._cancels.setdefault(call, threading.Event())
+
+    def preempt(self, call: str) -> None:
+        """Stop the `sample` call `call` at its next decode step (or before it starts)."""
+        self._cancel(call).set()
 
     def pid(self) -> int:
         return os.getpid()
@@ -122,11 +142,26 @@ class RolloutActor:
         return os.getpid()
 
     def sample(
-        self, tasks: list[Task], step: int, header: Publication, state: list[Any], indices: list[int] | None = None
-    ) -> tuple[int, list[Episode]]:
+        self, tasks: list[Task], step: int, header: Publication, state: list[Any], indices: list[int] | None = None,
+        call: str | None = None,
+    ) -> tuple[int, list[Episode] | None]:
         """(this process's id, the episodes of `tasks`, at `indices` of batch `step`) generated with
         the weights of `header`; `state` holds the object ref of its tensors (in a list, so Ray
-        hands the ref over without fetching it)."""
+        hands the ref over without fetching it). The episodes are None when `preempt(call)` stopped it."""
+        if call is None:
+            return os.getpid(), self._sample(tasks, step, header, state, indices, None)
+        try:
+            return os.getpid(), self._sample(tasks, step, header, state, indices, self._cancel(call))
+        except PreemptedError:
+            return os.getpid(), None
+        finally:
+            with self._cancels_lock:
+                self._cancels.pop(call, None)
+
+    def _sample(
+        self, tasks: list[Task], step: int, header: Publication, state: list[Any], indices: list[int] | None,
+        cancel: threading.Event | None,
+    ) -> list[Episode]:
         engine, pipeline = self.parts.engine, self.parts.config.pipeline
         if engine.weight_version != header.version:
             import ray
@@ -140,7 +175,7 @@ class RolloutActor:
                 ) from None
             load_verified(engine, dataclasses.replace(header, state=tensors), pipeline.canary_tolerance)
             self.loaded = header
-        return os.getpid(), sample_episodes(self.parts, tasks, step, indices)  # type: ignore[arg-type]
+        return sample_episodes(self.parts, tasks, step, indices, cancel)  # type: ignore[arg-type]
 
 
 class ScorerActor:
@@ -218,12 +253,26 @@ class RayRollout:
         self.weights, self.restarts = weights, restarts
 
     def sample(
-        self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None
+        self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None,
+        cancel: Cancel | None = None,
     ) -> list[Episode]:
-        call = self.actor.sample.remote(tasks, step, publication.header(), [self.weights.ref(publication)], indices)
-        [(pid, episodes)] = _get(self.ray, [call], self.pipeline.worker_timeout_s,
-                                 f"rollout actor {self.index}, batch {step}", self.pipeline.worker_restarts)
+        what = f"rollout actor {self.index}, batch {step}"
+        call_id = uuid.uuid4().hex if cancel is not None else None
+        call = self.actor.sample.remote(tasks, step, publication.header(), [self.weights.ref(publication)], indices,
+                                        call_id)
+        if cancel is not None:  # wait in slices, passing a preemption on to the actor's control thread
+            deadline, asked = time.monotonic() + self.pipeline.worker_timeout_s, False
+            while True:
+                if cancel.is_set() and not asked:
+                    self.actor.preempt.options(concurrency_group=CONTROL).remote(call_id)
+                    asked = True
+                if self.ray.wait([call], timeout=PREEMPT_POLL_S)[0] or time.monotonic() > deadline:
+                    break  # done, or `_get` below times out at once and says so
+        timeout = self.pipeline.worker_timeout_s if cancel is None else max(0.0, deadline - time.monotonic())
+        [(pid, episodes)] = _get(self.ray, [call], timeout, what, self.pipeline.worker_restarts)
         self.restarts.saw(self.index, pid)
+        if episodes is None:
+            raise PreemptedError(f"{what}: preempted on the actor")
         return episodes
 
     def check(self) -> None:
@@ -283,7 +332,9 @@ class RayBackend:
         # One GPU each while the cluster has enough; otherwise they share them (Ray would leave
         # the ones without a whole GPU pending, and the run would wait for them).
         gpus = min(1.0, ray.cluster_resources().get("GPU", 1.0) / count) if device.type == "cuda" else 0
-        rollout_class = ray.remote(**restarts, num_cpus=1, num_gpus=gpus)(RolloutActor)
+        # A "control" thread beside the default one (which runs one call at a time): `preempt`
+        # reaches the actor while `sample` runs.
+        rollout_class = ray.remote(**restarts, num_cpus=1, num_gpus=gpus, concurrency_groups={CONTROL: 1})(RolloutActor)
 
         def new_rollout(name: str) -> Any:
             return rollout_class.options(name=name, namespace=NAMESPACE).remote(
