@@ -199,3 +199,4 @@ class TrainBatch:
     advantages: Any  # Tensor (B,) float, one per sequence; or (B, T) per token
     ref_logprobs: Any | None = None  # Tensor (B, T) float, when a KL term is used
     rewards: Any | None = None  # Tensor (B,) float, each sequence's reward, NaN when it has none (for gae)
+    prompt_lengths: Any | None = None  # Tensor (B,) long, where each row's completion starts (shared-prompt training)

@@ -231,6 +231,10 @@ class TrainerConfig(Section):
     schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR after warmup")
     grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
     micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward")
+    shared_prefix: bool = Field(
+        True, description="RL updates run each distinct prompt of a micro-batch once, its KV cache shared by the "
+        "group's completions (same loss and gradient, fewer prompt tokens); false: every row runs whole",
+    )
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 autocast where supported (CUDA), fp32 on CPU")
     steps: int = Field(50, ge=0, description="RL steps")
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")

@@ -92,7 +92,8 @@ def collate(episodes: list[Episode], pad_id: int, device: torch.device | str = "
     the generated ones when the completion has a `loss_mask`: a multi-turn episode) and
     `old_logprobs` holds the sampler's logprob of each completion token at its position.
     `rewards` (B,) holds each episode's `episode_reward` (NaN when it has no valid reward), which
-    the `gae` estimator turns into per-token rewards.
+    the `gae` estimator turns into per-token rewards; `prompt_lengths` (B,) where each completion
+    starts (shared-prompt training: trainer/prefix.py).
     """
     if not episodes:
         raise ValueError("collate needs at least one episode")
@@ -135,4 +136,5 @@ def collate(episodes: list[Episode], pad_id: int, device: torch.device | str = "
         old_logprobs=old_logprobs.to(device),
         advantages=advantages.to(device),
         rewards=rewards.to(device),
+        prompt_lengths=torch.tensor([len(e.completion.prompt_ids) for e in episodes], dtype=torch.long).to(device),
     )

@@ -43,6 +43,7 @@ from tidal.config.schema import AlgorithmConfig, TrainerConfig
 from tidal.trainer.checkpoint import load_training_state, save_training_state
 from tidal.trainer.critic import CRITIC_FILE, Critic, PolicyWithCritic
 from tidal.trainer.logprobs import token_logprobs, trim_padding
+from tidal.trainer.prefix import shared_prefix_logprobs, worth_sharing
 from tidal.types import TrainBatch
 
 MicroLoss = Callable[[slice], tuple[Tensor, dict[str, float]]]
@@ -113,6 +114,11 @@ def _wide(values: Tensor) -> Tensor:
 def _masked_mean(values: Tensor, mask: Tensor) -> float:
     count = float(mask.sum())
     return float((values.detach() * mask).sum()) / count if count > 0 else 0.0
+
+
+def _slice(values: Tensor | None, rows: slice) -> Tensor | None:
+    """`values[rows]` of an optional per-row tensor."""
+    return None if values is None else values[rows]
 
 
 def _rows(values: Tensor, rows: slice, length: int) -> Tensor:
@@ -212,7 +218,14 @@ class Trainer:
         optimizer.zero_grad(set_to_none=True)
         return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, "skipped": float(skipped), **sums}
 
-    def _logprobs(self, model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any):
+    def _logprobs(self, model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                  prompt_lengths: Tensor | None = None, **kwargs: Any):
+        """Per-token logprobs (and entropies) of right-padded rows; with `prompt_lengths` and
+        `trainer.shared_prefix`, rows that share a prompt run it once (trainer/prefix.py), and
+        only completion positions are computed."""
+        if prompt_lengths is not None and self.cfg.shared_prefix and worth_sharing(input_ids, prompt_lengths):
+            return shared_prefix_logprobs(model, input_ids, attention_mask, prompt_lengths,
+                                          autocast_dtype=self.autocast_dtype, **kwargs)
         return token_logprobs(model, input_ids, attention_mask, autocast_dtype=self.autocast_dtype, **kwargs)
 
     def _cross_entropy(
@@ -252,7 +265,8 @@ class Trainer:
             for start in range(0, batch.input_ids.shape[0], self.cfg.micro_batch_size):
                 rows = slice(start, start + self.cfg.micro_batch_size)
                 ids, attn, length = trim_padding(batch.input_ids[rows], batch.attention_mask[rows])
-                values, _ = self._logprobs(model, ids, attn, temperature=self.temperature)
+                values, _ = self._logprobs(model, ids, attn, _slice(batch.prompt_lengths, rows),
+                                           temperature=self.temperature)
                 out[rows, :length] = values
         return out
 
@@ -360,7 +374,7 @@ class Trainer:
             ids, attn, length = trim_padding(batch.input_ids[rows], batch.attention_mask[rows])
             mask = batch.completion_mask[rows, :length]  # (b, t)
             logprobs, entropy = self._logprobs(
-                self.model, ids, attn, temperature=self.temperature,
+                self.model, ids, attn, _slice(batch.prompt_lengths, rows), temperature=self.temperature,
                 with_entropy=True, entropy_grad=self.algo.entropy_coef > 0,
             )  # (b, t), (b, t)
             options: dict[str, Any] = {}
