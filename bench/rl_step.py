@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import machine, write_section  # noqa: E402
 
 SECTION = "## RL step"
-SIDES = ("tidal", "trl")
+SIDES = ("tidal", "trl", "tidal-unshared")  # the last: tidal with trainer.shared_prefix=false
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -124,9 +124,10 @@ def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, flo
     device = torch.device("cpu")
     total_steps = args.warmup + args.steps
     engine = EmbeddedEngine(model, tokenizer, device)
+    shared = args.side != "tidal-unshared"  # each distinct prompt once per micro-batch (trainer/prefix.py)
     trainer = Trainer(
-        model, TrainerConfig(lr=1e-5, micro_batch_size=args.prompts * args.samples), AlgorithmConfig(), device,
-        total_steps=total_steps,
+        model, TrainerConfig(lr=1e-5, micro_batch_size=args.prompts * args.samples, shared_prefix=shared),
+        AlgorithmConfig(), device, total_steps=total_steps,
     )
     pad_id = tokenizer.pad_token_id
     questions = arithmetic_questions(args.seed)
@@ -166,7 +167,7 @@ def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, flo
     for index in range(args.warmup):
         step(index)
     seconds, facts = [], []
-    with profiled(args.profile == "tidal"):
+    with profiled(args.profile == args.side):
         for index in range(args.warmup, total_steps):
             start = time.perf_counter()
             facts.append(step(index))
@@ -277,7 +278,7 @@ def run_side(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads[0])
-    seconds, facts = (run_tidal if args.side == "tidal" else run_trl)(args)
+    seconds, facts = (run_trl if args.side == "trl" else run_tidal)(args)
     print(json.dumps({"side": args.side, "seconds": seconds, "facts": facts, "threads": torch.get_num_threads()}))
 
 
@@ -320,7 +321,7 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[
     """
     completions = args.prompts * args.samples
     step_seconds: dict[str, list[float]] = {side: [] for side in SIDES}
-    phase_seconds: dict[str, list[float]] = {}
+    phase_seconds: dict[str, dict[str, list[float]]] = {side: {} for side in SIDES if side != "trl"}
     for round_index in range(args.rounds):
         for side in SIDES:
             loads.append(os.getloadavg()[0])
@@ -328,13 +329,13 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[
             step_seconds[side] += result["seconds"]
             rewards = [f["reward"] for f in result["facts"]]
             print(
-                f"threads={threads} round {round_index + 1} {side:5s} step s: "
+                f"threads={threads} round {round_index + 1} {side:14s} step s: "
                 + " ".join(f"{s:.3f}" for s in result["seconds"])
                 + f"  (mean reward {statistics.fmean(rewards):.3f}, load {loads[-1]:.2f} before)"
             )
             for fact in result["facts"]:
                 for key in (k for k in fact if k.endswith("_s")):
-                    phase_seconds.setdefault(key, []).append(fact[key])
+                    phase_seconds.get(side, {}).setdefault(key, []).append(fact[key])
     row: dict[str, Any] = {"threads": threads}
     for side in SIDES:
         median = statistics.median(step_seconds[side])
@@ -345,7 +346,9 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[
             "tokens_per_s": completions * args.new_tokens / median,
         }
     row["ratio"] = row["tidal"]["completions_per_s"] / row["trl"]["completions_per_s"]
-    row["tidal_phases"] = {key.removesuffix("_s"): statistics.median(v) for key, v in phase_seconds.items()}
+    row["unshared_ratio"] = row["tidal-unshared"]["completions_per_s"] / row["trl"]["completions_per_s"]
+    row["phases"] = {side: {key.removesuffix("_s"): statistics.median(v) for key, v in by_key.items()}
+                     for side, by_key in phase_seconds.items()}
     return row
 
 
@@ -356,9 +359,10 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        for side, label in (("tidal", "tidal"), ("trl", "TRL GRPOTrainer")):
+        for side, label in (("tidal", "tidal"), ("trl", "TRL GRPOTrainer"),
+                            ("tidal-unshared", "tidal, `trainer.shared_prefix=false`")):
             s = row[side]
-            ratio = f"**{row['ratio']:.2f}x**" if side == "tidal" else ""
+            ratio = {"tidal": f"**{row['ratio']:.2f}x**", "tidal-unshared": f"{row['unshared_ratio']:.2f}x"}.get(side, "")
             lines.append(
                 f"| {row['threads']} | {label} | {s['median_step_s']:.3f} | {s['min_step_s']:.3f} | "
                 f"{s['completions_per_s']:.1f} | {s['tokens_per_s']:.0f} | {ratio} |"
@@ -366,8 +370,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def phases(row: dict[str, Any]) -> str:
-    return ", ".join(f"{key} {value:.3f}" for key, value in row["tidal_phases"].items())
+def phases(row: dict[str, Any], side: str) -> str:
+    return ", ".join(f"{key} {value:.3f}" for key, value in row["phases"][side].items())
 
 
 def section(
@@ -392,7 +396,8 @@ def section(
         "contains the right number (one Python function for both), GRPO advantages, one AdamW step "
         "(lr 1e-5, betas 0.9/0.99, clip 0.2/0.28, grad clip 1), fp32 on CPU, no KL. "
         f"{args.warmup} warm-up step(s), then {args.steps} timed steps per side per round, {args.rounds} round(s) "
-        f"(tidal then TRL, one subprocess each, same torch thread count); a step is timed from the end of one "
+        f"(tidal, TRL, then tidal without shared prompts, one subprocess each, same torch thread count); a step is "
+        "timed from the end of one "
         f"optimizer step to the end of the next; the median of the {timed} timed steps counts.",
         "",
         f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
@@ -403,14 +408,16 @@ def section(
         "",
         *table(rows),
         "",
-        *(f"- tidal's step by phase at {row['threads']} thread(s), median s: {phases(row)}" for row in rows),
+        *(f"- {side}'s step by phase at {row['threads']} thread(s), median s: {phases(row, side)}"
+          for row in rows for side in row["phases"]),
         "",
         "Where the time goes: reward, advantages and collation take milliseconds; a step is the sampler's "
         f"{args.new_tokens} model forwards (one prefill, then one decode step for all rows at a time) plus one "
-        "forward and backward over the whole batch. The training half runs the same fp32 matmuls on both sides and "
-        "is compute-bound at this size, so it bounds the ratio: tidal's lead comes from the sampler (a KV cache "
-        "written in place and no logits-processor machinery per decode step, each prompt prefilled once) and from a "
-        "backward that does not recompute the LM head tile by tile, as TRL's chunked log-prob function does. "
+        "forward and backward over the batch. Both are fp32 matmuls, compute-bound at this size. tidal's lead comes "
+        "from the sampler (a KV cache written in place and no logits-processor machinery per decode step, each "
+        "prompt prefilled once), from running each distinct prompt once in the update as well (its KV cache shared "
+        "by its group's completions, `trainer.shared_prefix`; the third row is tidal without it), and from a backward "
+        "that does not recompute the LM head tile by tile, as TRL's chunked log-prob function does. "
         "With 2 threads on 2 shared cores, any other busy process makes each parallel region wait for a descheduled "
         "thread (steps of 20 s instead of 0.5 s were seen): trust only runs whose load average stayed near the "
         "benchmark's own.",
@@ -435,7 +442,8 @@ def main(argv: list[str] | None = None) -> None:
     loads.append(os.getloadavg()[0])
     print("\n".join(table(rows)))
     for row in rows:
-        print(f"tidal's step by phase at {row['threads']} thread(s), median s: {phases(row)}")
+        for side in row["phases"]:
+            print(f"{side}'s step by phase at {row['threads']} thread(s), median s: {phases(row, side)}")
     print(f"1-minute load average before each run: {', '.join(f'{x:.2f}' for x in loads[:-1])}; after: {loads[-1]:.2f}")
     if not args.no_write:
         model, tokenizer = build_model_and_tokenizer(args.seed)
