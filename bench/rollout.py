@@ -113,7 +113,8 @@ def compare(args: argparse.Namespace) -> list[dict[str, float]]:
         args.threads = [torch.get_num_threads()]  # the GPU does the work; one row
     for threads in args.threads or [torch.get_num_threads()]:
         torch.set_num_threads(threads)
-        runs = {"hf_generate": hugging_face, "embedded": embedded("auto"), "embedded_dynamic_cache": embedded("dynamic")}
+        runs = {"hf_generate": hugging_face, "embedded": embedded("auto"), "embedded_flat": embedded("flat"),
+                "embedded_dynamic_cache": embedded("dynamic")}
         seconds, tokens = interleaved(runs, args.repeats)
         row: dict[str, float] = {"threads": threads}
         for name in runs:
@@ -124,10 +125,10 @@ def compare(args: argparse.Namespace) -> list[dict[str, float]]:
             print(f"threads={threads} {name:24s} {row[name]:8.0f} tokens/s  (median of {args.repeats}: {median:.2f} s)")
         # The ratio of each round's pair of runs, then the median: robust to load that drifts.
         row["ratio"] = statistics.median(h / e for h, e in zip(seconds["hf_generate"], seconds["embedded"]))
-        row["ratio_dynamic"] = statistics.median(
-            h / e for h, e in zip(seconds["hf_generate"], seconds["embedded_dynamic_cache"])
-        )
-        print(f"threads={threads} embedded / hf_generate = {row['ratio']:.2f}x (DynamicCache: {row['ratio_dynamic']:.2f}x)")
+        for name, key in (("embedded_flat", "ratio_flat"), ("embedded_dynamic_cache", "ratio_dynamic")):
+            row[key] = statistics.median(h / e for h, e in zip(seconds["hf_generate"], seconds[name]))
+        print(f"threads={threads} embedded / hf_generate = {row['ratio']:.2f}x (transformers forward: "
+              f"{row['ratio_flat']:.2f}x, and with DynamicCache: {row['ratio_dynamic']:.2f}x)")
         rows.append(row)
     return rows
 
@@ -152,19 +153,23 @@ def section(args: argparse.Namespace, rows: list[dict[str, float]], load: str) -
         f"- versions: torch {torch.__version__}, transformers {transformers.__version__}",
         f"- command: `{command}`",
         "",
-        "| torch threads | HF generate (tok/s) | embedded (tok/s) | embedded / HF | embedded with DynamicCache (tok/s) | its ratio |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| torch threads | HF generate (tok/s) | embedded (tok/s) | embedded / HF | embedded, transformers forward "
+        "(tok/s) | its ratio | same with DynamicCache (tok/s) | its ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
             f"| {row['threads']:.0f} | {row['hf_generate']:.0f} | {row['embedded']:.0f} | **{row['ratio']:.2f}x** | "
+            f"{row['embedded_flat']:.0f} | {row['ratio_flat']:.2f}x | "
             f"{row['embedded_dynamic_cache']:.0f} | {row['ratio_dynamic']:.2f}x |"
         )
     lines += [
         "",
         "Where the difference comes from: each prompt is prefilled once and its KV cache copied to its "
-        f"{args.samples} samples (generate prefills {args.samples} copies), and the embedded engine's cache is written in "
-        "place instead of re-concatenated every step (compare the DynamicCache column). On a shared machine the "
+        f"{args.samples} samples (generate prefills {args.samples} copies); the embedded engine's cache is written in "
+        "place instead of re-concatenated every step (compare the DynamicCache column); and Llama-family models run "
+        "through the lean forward (rollout/lean.py: the same arithmetic without `transformers`' module calls, mask "
+        "building and cache bookkeeping; compare the transformers-forward column, `kv_cache=\"flat\"`). On a shared machine the "
         "absolute numbers move with the load (see the load average; with other processes busy on the same cores, "
         "torch's threads wait on each other, hence the thread rows); the ratio, measured in one process with "
         "interleaved runs, is the figure to compare.",

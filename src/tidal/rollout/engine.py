@@ -23,6 +23,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from tidal.errors import PreemptedError
 from tidal.rollout.kv import FlatCache, supports_flat_cache
+from tidal.rollout.lean import LeanCache, LeanDecoder
 from tidal.types import Completion, FinishReason
 
 SYNC_EVERY = 8  # on an accelerator, decode steps between looks at which rows are done
@@ -84,8 +85,12 @@ class EmbeddedEngine:
     be on `device`. Batches larger than `max_batch_rows` rows (prompts x samples) are generated in
     several passes; by default 256 rows on a CPU (larger batches gain nothing there and use more
     memory) and 4096 on an accelerator, where a decode step of 256 rows costs about what one of
-    4096 does (measured in bench/RESULTS.md, "Rollout on a GPU"). `kv_cache`: "auto" writes the cache in place (`FlatCache`) where the model's
-    cache is plain full attention, else `transformers`' `DynamicCache`; "dynamic" forces the latter.
+    4096 does (measured in bench/RESULTS.md, "Rollout on a GPU"). `kv_cache`: "auto" runs
+    Llama-family decoders through the lean forward (`rollout/lean.py`: the same arithmetic without
+    the module machinery, its own in-place cache), other models through their `transformers`
+    forward with the cache written in place (`FlatCache`) where the model's cache is plain full
+    attention, else `transformers`' `DynamicCache`; "flat" skips the lean forward; "dynamic"
+    forces the `transformers` forward with `DynamicCache`.
     """
 
     def __init__(
@@ -94,12 +99,12 @@ class EmbeddedEngine:
         tokenizer: PreTrainedTokenizerBase,
         device: torch.device | str | None = None,
         max_batch_rows: int | None = None,
-        kv_cache: Literal["auto", "dynamic"] = "auto",
+        kv_cache: Literal["auto", "flat", "dynamic"] = "auto",
     ) -> None:
         if max_batch_rows is not None and max_batch_rows < 1:
             raise ValueError(f"max_batch_rows={max_batch_rows} must be >= 1")
-        if kv_cache not in ("auto", "dynamic"):
-            raise ValueError(f"kv_cache={kv_cache!r} must be 'auto' or 'dynamic'")
+        if kv_cache not in ("auto", "flat", "dynamic"):
+            raise ValueError(f"kv_cache={kv_cache!r} must be 'auto', 'flat' or 'dynamic'")
         self.model = model
         self.tokenizer = tokenizer
         model_device = next(model.parameters()).device
@@ -122,7 +127,8 @@ class EmbeddedEngine:
         # transformers renamed `past_key_values` to `cache` in 5.x; accept either.
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
         self._keeps_last_logits = "logits_to_keep" in parameters
-        self._flat_cache = kv_cache == "auto" and supports_flat_cache(model)
+        self._flat_cache = kv_cache in ("auto", "flat") and supports_flat_cache(model)
+        self._lean = LeanDecoder(model) if kv_cache == "auto" and LeanDecoder.supports(model) else None
 
     # ---------------------------------------------------------------- public API
 
@@ -215,9 +221,11 @@ class EmbeddedEngine:
         return batches
 
     def _forward(
-        self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor, cache: DynamicCache
+        self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor, cache: DynamicCache | LeanCache
     ) -> Tensor:
         """Logits of the last position of each row, in float32: (B, V)."""
+        if self._lean is not None:
+            return self._lean.last_logits(input_ids, attention_mask, position_ids, cache)  # type: ignore[arg-type]
         kwargs: dict[str, object] = {self._cache_arg: cache}
         if self._keeps_last_logits:
             kwargs["logits_to_keep"] = 1
@@ -226,7 +234,9 @@ class EmbeddedEngine:
         )
         return output.logits[:, -1, :].float()
 
-    def _new_cache(self, capacity: int) -> DynamicCache:
+    def _new_cache(self, capacity: int) -> DynamicCache | LeanCache:
+        if self._lean is not None:
+            return self._lean.new_cache(capacity)
         if self._flat_cache:
             return FlatCache(self.model.config, capacity)
         return DynamicCache(config=self.model.config)

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from tidal.errors import CheckpointError
 from tidal.trainer.logprobs import autocast_context, trim_padding
+from tidal.trainer.optim import adamw
 
 CRITIC_FILE = "critic.pt"
 
@@ -70,7 +71,7 @@ class Critic:
     ) -> None:
         self.model = ValueModel(policy).to(device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
+        self.optimizer = adamw(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
         self.steps = 0
 
     def values(

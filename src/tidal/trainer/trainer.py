@@ -43,6 +43,7 @@ from tidal.config.schema import AlgorithmConfig, TrainerConfig
 from tidal.trainer.checkpoint import load_training_state, save_training_state
 from tidal.trainer.critic import CRITIC_FILE, Critic, PolicyWithCritic
 from tidal.trainer.logprobs import token_logprobs, trim_padding
+from tidal.trainer.optim import adamw
 from tidal.trainer.prefix import shared_prefix_logprobs, worth_sharing
 from tidal.types import TrainBatch
 
@@ -165,7 +166,7 @@ class Trainer:
             ref_model.requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         betas = (trainer_cfg.betas[0], trainer_cfg.betas[1])
-        self.optimizer = torch.optim.AdamW(self.params, lr=trainer_cfg.lr, betas=betas, weight_decay=trainer_cfg.weight_decay)
+        self.optimizer = adamw(self.params, lr=trainer_cfg.lr, betas=betas, weight_decay=trainer_cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, WarmupSchedule(trainer_cfg.warmup_steps, total_steps, trainer_cfg.schedule)
         )

@@ -38,7 +38,7 @@ def test_is_a_rollout_engine(tiny: LoadedModel) -> None:
     assert supports_flat_cache(tiny.model)
 
 
-@pytest.mark.parametrize("kv_cache", ["auto", "dynamic"])
+@pytest.mark.parametrize("kv_cache", ["auto", "flat", "dynamic"])
 def test_greedy_matches_uncached_reference(tiny: LoadedModel, prompts: list[list[int]], kv_cache: str) -> None:
     engine = EmbeddedEngine(tiny.model, tiny.tokenizer, kv_cache=kv_cache)
     results = engine.generate(prompts, n=2, params=SamplingParams(temperature=0, max_new_tokens=12))
@@ -60,13 +60,18 @@ def test_chunked_batches_give_the_same_greedy_output(tiny: LoadedModel, prompts:
     assert [[c.token_ids for c in g] for g in chunked] == [[c.token_ids for c in g] for g in whole]
 
 
-def test_each_prompt_is_prefilled_once(tiny: LoadedModel, prompts: list[list[int]]) -> None:
+@pytest.mark.parametrize("kv_cache", ["auto", "flat"])
+def test_each_prompt_is_prefilled_once(tiny: LoadedModel, prompts: list[list[int]], kv_cache: str) -> None:
     shapes: list[tuple[int, int]] = []
-    hook = tiny.model.model.embed_tokens.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
-    try:
-        EmbeddedEngine(tiny.model, tiny.tokenizer).generate(prompts, n=8, params=SamplingParams(max_new_tokens=3, seed=0))
-    finally:
-        hook.remove()
+    engine = EmbeddedEngine(tiny.model, tiny.tokenizer, kv_cache=kv_cache)  # type: ignore[arg-type]
+    forward = engine._forward
+
+    def recorded(input_ids: torch.Tensor, *args: object) -> torch.Tensor:
+        shapes.append(tuple(input_ids.shape))
+        return forward(input_ids, *args)  # type: ignore[arg-type]
+
+    engine._forward = recorded  # type: ignore[method-assign]
+    engine.generate(prompts, n=8, params=SamplingParams(max_new_tokens=3, seed=0))
     width = max(len(p) for p in prompts)
     assert shapes[0] == (len(prompts), width), "one prefill row per prompt, not per sample"
     assert shapes[1:] == [(8 * len(prompts), 1)] * (len(shapes) - 1)

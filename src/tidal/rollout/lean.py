@@ -1,0 +1,204 @@
+"""A lean forward pass for sampling from Llama-family decoders (Qwen2, Llama, Mistral without
+sliding windows): the same arithmetic as their `transformers` modules, without the module calls,
+mask builders and cache bookkeeping around it.
+
+On a CPU a small model's decode step is mostly overhead: `transformers` runs each layer through
+a dozen `nn.Module` calls, builds a 4-D mask, and looks up its attention interface every step,
+which for the built-in tiny model costs about as much as the matmuls. `LeanDecoder` reads the
+model's own parameters (the same tensor objects, so weight updates and shared trainer weights are
+seen at once) and computes, per layer: RMSNorm, the q/k/v projections (with their biases, if
+any), rotary embeddings from the model's own `rotary_emb` (so rope scaling variants are the
+model's), grouped-query attention with `scaled_dot_product_attention` over a preallocated cache
+(`LeanCache`), the output projection, RMSNorm, the SwiGLU MLP; then the final norm and the LM head
+on the last position only. Logits match the `transformers` forward to float rounding
+(tests/unit/rollout/test_lean.py).
+
+`LeanDecoder.supports(model)` says whether a model has exactly that structure; the engine falls
+back to the `transformers` forward for anything else (`EmbeddedEngine(..., kv_cache="dynamic")`
+forces the fallback).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+SUPPORTED = ("qwen2", "llama", "mistral")
+
+
+@dataclass
+class _Layer:
+    norm1: Tensor
+    eps1: float
+    q: tuple[Tensor, Tensor | None]
+    k: tuple[Tensor, Tensor | None]
+    v: tuple[Tensor, Tensor | None]
+    o: tuple[Tensor, Tensor | None]
+    norm2: Tensor
+    eps2: float
+    gate: tuple[Tensor, Tensor | None]
+    up: tuple[Tensor, Tensor | None]
+    down: tuple[Tensor, Tensor | None]
+
+
+class LeanCache:
+    """Each layer's keys and values in buffers of `capacity` positions, (B, kv_heads, capacity,
+    head_dim), filled up to `length`; `batch_select_indices` reorders the rows (prefix reuse,
+    dropping finished rows) as `transformers`' caches do."""
+
+    def __init__(self, layers: int, capacity: int) -> None:
+        self.capacity = capacity
+        self.length = 0
+        self.keys: list[Tensor | None] = [None] * layers
+        self.values: list[Tensor | None] = [None] * layers
+
+    def append(self, layer: int, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Write `keys`/`values` (B, kv_heads, T, head_dim) after the filled part of `layer`; the
+        filled part, new positions included."""
+        start = self.length
+        end = start + keys.shape[2]
+        buffer_k, buffer_v = self.keys[layer], self.values[layer]
+        if buffer_k is None or buffer_v is None or end > buffer_k.shape[2]:
+            capacity = max(end, self.capacity if buffer_k is None else 2 * buffer_k.shape[2])
+            grown_k = keys.new_empty((keys.shape[0], keys.shape[1], capacity, keys.shape[3]))
+            grown_v = values.new_empty((values.shape[0], values.shape[1], capacity, values.shape[3]))
+            if buffer_k is not None and buffer_v is not None:
+                grown_k[:, :, :start], grown_v[:, :, :start] = buffer_k[:, :, :start], buffer_v[:, :, :start]
+            buffer_k, buffer_v = grown_k, grown_v
+            self.keys[layer], self.values[layer] = buffer_k, buffer_v
+        buffer_k[:, :, start:end] = keys
+        buffer_v[:, :, start:end] = values
+        return buffer_k[:, :, :end], buffer_v[:, :, :end]
+
+    def advance(self, tokens: int) -> None:
+        self.length += tokens
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self.keys = [None if k is None else k[indices] for k in self.keys]
+        self.values = [None if v is None else v[indices] for v in self.values]
+
+
+def _linear(module: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
+    return module.weight, getattr(module, "bias", None)
+
+
+class LeanDecoder:
+    """The lean forward of one model (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        if not self.supports(model):
+            raise ValueError(f"LeanDecoder does not support {type(model).__name__}; use the transformers forward")
+        config = model.config
+        inner = model.model
+        self.model = model
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.final_norm, self.final_eps = inner.norm.weight, float(inner.norm.variance_epsilon)
+        self.head = _linear(model.lm_head)
+        first = inner.layers[0].self_attn
+        self.head_dim = int(first.head_dim)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.scaling = float(getattr(first, "scaling", self.head_dim**-0.5))
+        self.layers = [
+            _Layer(
+                layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon),
+                _linear(layer.self_attn.q_proj), _linear(layer.self_attn.k_proj), _linear(layer.self_attn.v_proj),
+                _linear(layer.self_attn.o_proj),
+                layer.post_attention_layernorm.weight, float(layer.post_attention_layernorm.variance_epsilon),
+                _linear(layer.mlp.gate_proj), _linear(layer.mlp.up_proj), _linear(layer.mlp.down_proj),
+            )
+            for layer in inner.layers
+        ]
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        """Whether `model` is a plain Llama-family decoder this forward computes exactly."""
+        config = getattr(model, "config", None)
+        if config is None or getattr(config, "model_type", None) not in SUPPORTED:
+            return False
+        layer_types = getattr(config, "layer_types", None) or []
+        if any(kind != "full_attention" for kind in layer_types) or getattr(config, "use_sliding_window", False):
+            return False
+        if getattr(config, "sliding_window", None) and config.model_type == "mistral":
+            return False
+        if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "pretraining_tp", 1) != 1:
+            return False
+        inner = getattr(model, "model", None)
+        try:
+            layer = inner.layers[0]  # type: ignore[union-attr]
+            parts = (inner.embed_tokens, inner.norm, inner.rotary_emb, model.lm_head, layer.input_layernorm,  # type: ignore[union-attr]
+                     layer.post_attention_layernorm, layer.self_attn.q_proj, layer.self_attn.k_proj,
+                     layer.self_attn.v_proj, layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
+                     layer.mlp.down_proj)
+        except (AttributeError, IndexError, TypeError):
+            return False
+        norms = (inner.norm, layer.input_layernorm, layer.post_attention_layernorm)  # type: ignore[union-attr]
+        return all(p is not None for p in parts) and all(hasattr(n, "variance_epsilon") for n in norms)
+
+    def new_cache(self, capacity: int) -> LeanCache:
+        return LeanCache(len(self.layers), capacity)
+
+    def last_logits(self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor,
+                    cache: LeanCache) -> Tensor:
+        """Logits (B, V) in float32 at the last position of `input_ids` (B, T), which follow the
+        `cache.length` cached positions; `attention_mask` (B, cached + T) marks real tokens (None:
+        all are). The new keys and values are appended to `cache`."""
+        batch, tokens = input_ids.shape
+        past = cache.length
+        hidden = F.embedding(input_ids, self.embed)  # (B, T, H)
+        cos, sin = self.rotary(hidden, position_ids)  # (B, T, D) each
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D)
+        mask = _mask(attention_mask, batch, past, tokens, hidden.device)
+        for index, layer in enumerate(self.layers):
+            normed = _rms_norm(hidden, layer.norm1, layer.eps1)
+            q = F.linear(normed, *layer.q).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
+            k = F.linear(normed, *layer.k).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = F.linear(normed, *layer.v).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            keys, values = cache.append(index, k, v)  # (B, kv_heads, past + T, D)
+            attended = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.heads,
+                is_causal=mask is None and tokens > 1,
+            )  # (B, heads, T, D)
+            hidden = hidden + F.linear(attended.transpose(1, 2).reshape(batch, tokens, -1), *layer.o)
+            normed = _rms_norm(hidden, layer.norm2, layer.eps2)
+            hidden = hidden + F.linear(F.silu(F.linear(normed, *layer.gate)) * F.linear(normed, *layer.up), *layer.down)
+        cache.advance(tokens)
+        last = _rms_norm(hidden[:, -1], self.final_norm, self.final_eps)  # (B, H)
+        return F.linear(last, *self.head).float()  # (B, V)
+
+
+def _mask(attention_mask: Tensor | None, batch: int, past: int, tokens: int, device: torch.device) -> Tensor | None:
+    """A boolean (B, 1, T, past + T) mask: key j visible to query i when it is a real token at or
+    before i. Each query also sees itself, so a padding query's row is never empty (its output is
+    discarded; an empty row would give NaN). None when nothing is padded and no causal mask is
+    needed beyond sdpa's own."""
+    if attention_mask is None:
+        if past == 0 or tokens == 1:
+            return None
+        attention_mask = torch.ones((batch, past + tokens), dtype=torch.bool, device=device)
+    keys = attention_mask[:, : past + tokens].bool()[:, None, None, :]  # (B, 1, 1, K)
+    query_positions = torch.arange(past, past + tokens, device=device)[:, None]  # (T, 1)
+    key_positions = torch.arange(past + tokens, device=device)[None, :]  # (1, K)
+    causal = key_positions <= query_positions  # (T, K)
+    return (keys & causal) | (key_positions == query_positions)
+
+
+def _rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
+    dtype = hidden.dtype
+    values = hidden.to(torch.float32)
+    values = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * values.to(dtype)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
