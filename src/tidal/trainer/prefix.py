@@ -40,12 +40,6 @@ def prompt_groups(input_ids: Tensor, prompt_lengths: Tensor) -> tuple[list[list[
     return prompts, source
 
 
-def worth_sharing(input_ids: Tensor, prompt_lengths: Tensor) -> bool:
-    """Whether some prompt appears in more than one row (otherwise the plain forward is as cheap)."""
-    prompts, source = prompt_groups(input_ids, prompt_lengths)
-    return len(prompts) < len(source)
-
-
 def _cache_argument(model: torch.nn.Module) -> str:
     parameters = inspect.signature(model.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
@@ -61,10 +55,12 @@ def shared_prefix_logprobs(
     entropy_grad: bool = False,
     autocast_dtype: torch.dtype | None = None,
     pad_id: int = 0,
+    groups: tuple[list[list[int]], list[int]] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """As `token_logprobs` (right-padded rows (B, T) of prompt + completion; logprobs and
     entropies (B, T)), but each distinct prompt runs once and prompt positions are 0.
-    `prompt_lengths` (B,) says where each row's completion starts (at least 1)."""
+    `prompt_lengths` (B,) says where each row's completion starts (at least 1); `groups`, when
+    the caller has them, are `prompt_groups` of the rows."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute logprobs, got {temperature}")
     device = input_ids.device
@@ -73,7 +69,7 @@ def shared_prefix_logprobs(
     starts = prompt_lengths.tolist()
     if min(starts) < 1 or any(s > n for s, n in zip(starts, lengths)):
         raise ValueError(f"prompt lengths {starts} must be >= 1 and within the rows' lengths {lengths}")
-    prompts, source = prompt_groups(input_ids, prompt_lengths)
+    prompts, source = groups if groups is not None else prompt_groups(input_ids, prompt_lengths)
     width = max(len(p) for p in prompts)
     # The distinct prompts, left-padded: each ends at column `width - 1`.
     prompt_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)  # (U, P)

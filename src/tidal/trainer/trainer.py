@@ -44,7 +44,7 @@ from tidal.trainer.checkpoint import load_training_state, save_training_state
 from tidal.trainer.critic import CRITIC_FILE, Critic, PolicyWithCritic
 from tidal.trainer.logprobs import token_logprobs, trim_padding
 from tidal.trainer.optim import adamw
-from tidal.trainer.prefix import shared_prefix_logprobs, worth_sharing
+from tidal.trainer.prefix import prompt_groups, shared_prefix_logprobs
 from tidal.types import TrainBatch
 
 MicroLoss = Callable[[slice], tuple[Tensor, dict[str, float]]]
@@ -224,9 +224,11 @@ class Trainer:
         """Per-token logprobs (and entropies) of right-padded rows; with `prompt_lengths` and
         `trainer.shared_prefix`, rows that share a prompt run it once (trainer/prefix.py), and
         only completion positions are computed."""
-        if prompt_lengths is not None and self.cfg.shared_prefix and worth_sharing(input_ids, prompt_lengths):
-            return shared_prefix_logprobs(model, input_ids, attention_mask, prompt_lengths,
-                                          autocast_dtype=self.autocast_dtype, **kwargs)
+        if prompt_lengths is not None and self.cfg.shared_prefix:
+            groups = prompt_groups(input_ids, prompt_lengths)
+            if len(groups[0]) < len(groups[1]):  # some prompt has several rows: worth sharing
+                return shared_prefix_logprobs(model, input_ids, attention_mask, prompt_lengths,
+                                              autocast_dtype=self.autocast_dtype, groups=groups, **kwargs)
         return token_logprobs(model, input_ids, attention_mask, autocast_dtype=self.autocast_dtype, **kwargs)
 
     def _cross_entropy(

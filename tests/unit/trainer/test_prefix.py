@@ -15,7 +15,7 @@ import torch
 
 from tidal.config.schema import AlgorithmConfig, TrainerConfig
 from tidal.trainer.logprobs import collate, token_logprobs
-from tidal.trainer.prefix import prompt_groups, shared_prefix_logprobs, worth_sharing
+from tidal.trainer.prefix import prompt_groups, shared_prefix_logprobs
 from tidal.trainer.trainer import Trainer
 from tidal.types import Completion, Episode, TrainBatch
 
@@ -88,7 +88,8 @@ def test_the_prompts_are_found_by_content_and_each_runs_once() -> None:
     assert calls[0] == (3, 9)  # the 3 distinct prompts, left-padded to the longest
     assert calls[1][0] == 9  # then the 9 completions on their prompts' cache rows
     distinct = grouped_batch(model, groups=(1, 1, 1))
-    assert not worth_sharing(distinct.input_ids, distinct.prompt_lengths)
+    prompts, source = prompt_groups(distinct.input_ids, distinct.prompt_lengths)
+    assert len(prompts) == len(source) == 3  # nothing to share: the trainer runs the plain forward
 
 
 def test_prompt_lengths_outside_the_rows_are_refused() -> None:
