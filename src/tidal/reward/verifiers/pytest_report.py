@@ -482,6 +482,18 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
             _audit.boundary = None  # type: ignore[union-attr]
 
 
+def _crash_line(report: Any) -> str:
+    """"path:line: message" of where the exception was raised (pytest's crash line), path relative
+    to the workspace; "" when pytest has none."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    if crash is None:
+        return ""
+    path = str(crash.path)
+    if path.startswith(_reporter.cwd.rstrip("/") + "/"):
+        path = path[len(_reporter.cwd.rstrip("/")) + 1:]
+    return f"{path}:{crash.lineno}: {str(crash.message).splitlines()[0] if crash.message else ''}\n"
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     excinfo = call.excinfo
@@ -491,7 +503,7 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     _reporter.check_internals()
     longrepr = ""
     if excinfo is not None:
-        longrepr = str(getattr(report, "longreprtext", "") or "")[-LONGREPR_CAP:]
+        longrepr = (_crash_line(report) + str(getattr(report, "longreprtext", "") or ""))[-LONGREPR_CAP:]
     _reporter.emit("phase", nodeid=item.nodeid, when=call.when, ok=excinfo is None,
                    exception=exception, xfail=xfail, longrepr=longrepr)
     return report

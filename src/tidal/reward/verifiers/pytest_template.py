@@ -155,7 +155,7 @@ def _warm_zygote() -> None:
     except AssertionError as error:
         from _pytest._code import ExceptionInfo
 
-        str(ExceptionInfo.from_exception(error).getrepr(style="short"))
+        str(ExceptionInfo.from_exception(error).getrepr(style="line"))
 
 
 if "tidal_zygote" in sys.modules:  # imported by a zygote, which preloads this module
