@@ -338,7 +338,10 @@ class BatchDriver:
                 limit = drain_until if drain_until is not None else deadline
                 for key, _ in selector.select(timeout=max(0.0, limit - now)):
                     if key.data is None:
-                        data = self.control.recv(1 << 20)
+                        try:
+                            data = self.control.recv(1 << 20)
+                        except OSError as error:  # ECONNRESET: it exited with our message unread
+                            raise ZygoteLost(f"the zygote is gone during {what} ({error})") from error
                         if not data:
                             raise ZygoteLost(f"the zygote exited during {what}")
                         message = _parse(data)

@@ -222,3 +222,21 @@ def test_pytest_jobs_get_the_plugins_their_own_options_ask_for(bwrap: SandboxBac
     assert results[0].stdout_text.rsplit(" in ", 1)[0] == single.stdout_text.rsplit(" in ", 1)[0]  # but the time
     assert "1 failed, 1 passed" in single.stdout_text
     assert [".pytest_cache" in listing for listing in seen] == [False, True, False]
+
+
+def test_a_zygote_that_exits_with_our_message_unread_is_lost_not_an_oserror(tmp_path: Path) -> None:
+    """A unix socket whose peer closes with data unread in its queue fails the next recv with
+    ECONNRESET, before any message the peer sent: the driver must say ZygoteLost (its callers run
+    the job alone), not let a ConnectionResetError escape."""
+    from tidal.sandbox.batch import BatchDriver, BatchLayout, ZygoteLost
+
+    host, zygote = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    layout = BatchLayout(tmp_path, "/workspace", None, lambda env, inside, report: {}, lambda limits: {},
+                         lambda code, sig: (code, sig), 1024, 1024)
+    driver = BatchDriver(host, [], layout)
+    host.sendall(json.dumps({"op": "run"}).encode())  # never read by the zygote
+    zygote.sendall(json.dumps({"event": "ready", "failed": []}).encode())
+    zygote.close()
+    with pytest.raises(ZygoteLost, match="gone"):
+        driver.start()
+    host.close()
