@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"), help="file to update")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--verify-only", action="store_true", help="only the verification parts (implies --no-write)")
+    parser.add_argument("--pytest-options", default=None,
+                        help="pytest's options for python_tests instead of its own (space-separated; "
+                             "e.g. the earlier --tb=short, to compare)")
     return parser.parse_args(argv)
 
 
@@ -407,13 +410,18 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
         f"bare pytest agrees on {di['bare agrees on honest']}/{di['honest']} honest answers, passes: "
         f"{', '.join(di['bare fooled by']) or 'none'}",
         "",
-        "Before templates and companions (2026-11-30 11:32 UTC, the same command, load 0.7-1.8) verification ran "
-        "at 1.46x (auto) and 2.98x (in_process) of bare pytest. The aim is 10x. Samples per second depend on the "
-        "host's load, which slows bare pytest's start-up more than the pool's forks (the ratio rises with it): the "
-        "CPU per sample of every process, host and sandboxes, is the steadier ratio. What a pool sample still costs is listed in docs/design/sandbox.md, "
-        "\"Cost\": mostly pytest's own work in the answer's process (its per-test protocol, a failing test's report, "
-        "the pages a fork copies on write), the answer's process out of process, and a template's build per task "
-        "and zygote.",
+        'Before templates and companions (2026-11-30 11:32 UTC, the same command, load 0.7-1.8) verification '
+        'ran at 1.46x (auto) and 2.98x (in_process) of bare pytest; with them, while failing tests were still'
+        ' reported with `--tb=short` (2026-11-30 15:31 UTC), at 6.04x and 7.41x. Back to back on 2026-12-01 '
+        '02:43 UTC, `python bench/sandbox.py --verify-only --pytest-options "-p no:cacheprovider -q '
+        '--color=no --tb=short -o addopts= --rootdir=."` (the earlier options) gave 6.04x (auto) and 5.79x '
+        '(in_process), CPU per sample 58.5 and 66.5 ms, and `--verify-only` right after gave 7.67x and 6.79x,'
+        " 46.5 and 56.2 ms. The aim is 10x. Samples per second depend on the host's load, which slows bare "
+        "pytest's start-up more than the pool's forks (the ratio rises with it), and on this shared machine "
+        'even the CPU per sample moves by about 15% from one run to the next (compare the runs above). What a'
+        ' pool sample still costs is listed in docs/design/sandbox.md, "Cost": mostly pytest\'s own work in '
+        "the answer's process (its per-test protocol, the pages a fork copies on write), the answer's process"
+        " out of process, and a template's build per task and zygote.",
         "",
     ]
     return "\n".join(lines)
@@ -424,6 +432,10 @@ def main(argv: list[str] | None = None) -> None:
     from tidal.sandbox.pool import SandboxPool
 
     args = parse_args(argv)
+    if args.pytest_options is not None:
+        from tidal.reward.verifiers import python_tests
+
+        python_tests.PYTEST_OPTIONS = tuple(args.pytest_options.split())
     backend = get_backend("bwrap")
     loads: list[str] = []
 
