@@ -114,6 +114,16 @@ def test_wrong_answer_scores_the_fraction_passed(sandboxed: ScoringContext) -> N
     assert "test_negative" in result.detail
 
 
+@pytest.mark.parametrize("mode", ["in_process", "out_of_process"])
+def test_a_failing_tests_evidence_is_where_and_what_failed(sandboxed: ScoringContext, mode: str) -> None:
+    result = score(sandboxed, "def sum_evens(xs):\n    return sum(x for x in xs if x % 2 == 0 and x > 0)\n",
+                   make_task(mode=mode))
+    line = 1 + TESTS.splitlines().index("    assert sum_evens([-2, 3]) == -2")
+    failure = str(result.info["failure"])
+    assert failure.startswith(f"test_solution.py:{line}: assert 0 == -2\n"), failure  # pytest's crash line
+    assert "E   assert 0 == -2" in failure and "where 0 = " in failure  # the exception, as --tb=line gives it
+
+
 def test_answer_that_does_not_import_fails(sandboxed: ScoringContext) -> None:
     result = score(sandboxed, "def sum_evens(xs) return 0\n")
     assert result.outcome is Outcome.FAILED and result.value == 0.0

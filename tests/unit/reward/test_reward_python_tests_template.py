@@ -69,6 +69,8 @@ def test_a_template_scores_every_answer_as_a_session_of_its_own(
     for name, one, alone in zip(ANSWERS, batched, single):
         assert (round(one.value, 6), one.outcome) == (round(alone.value, 6), alone.outcome), (name, one.detail, alone.detail)
         assert one.info.get("tamper") == alone.info.get("tamper") or name == "daemon", name
+        if name == "wrong":  # the same evidence: pytest's crash line, then the exception
+            assert one.info["failure"] == alone.info["failure"] and ".py:" in one.info["failure"].split("\n")[0]
     verdicts = dict(zip(ANSWERS, outcomes(batched)))
     assert verdicts["correct"] == (1.0, Outcome.PASSED) and verdicts["wrong"] == (0.4, Outcome.FAILED)
     assert verdicts["hangs"][1] is Outcome.TIMEOUT and verdicts["daemon"][1] is Outcome.TAMPERED
