@@ -122,7 +122,7 @@ def image_interpreter() -> tuple[str, dict[str, str]]:
     """The sandbox's own interpreter (the default image's) as the host sees it, and the environment
     that gives it the image's packages: the bare baseline runs exactly what the sandbox runs,
     minus the isolation (the venv's interpreter would load the host's site-packages and .pth files)."""
-    from tidal.sandbox.bwrap import PYTHON_ROOT, SITE_ROOT, image_mounts
+    from tidal.sandbox.mounts import PYTHON_ROOT, SITE_ROOT, image_mounts
 
     mounts = image_mounts()
     host = {inside: path for path, inside in mounts.binds}

@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 ZYGOTE_FILE = "tidal_zygote.py"
 ZYGOTE_SOURCE = (Path(__file__).parent / "zygote.py").read_text(encoding="utf-8")
 # Templates and companions (zygote_forks.py): a zygote has them when this file is among its harness files.
+CLEAN_FILE = "tidal_zygote_clean.py"  # the zygote's checks between jobs, which it imports
+CLEAN_SOURCE = (Path(__file__).parent / "zygote_clean.py").read_text(encoding="utf-8")
 FORKS_FILE = "tidal_zygote_forks.py"
 FORKS_SOURCE = (Path(__file__).parent / "zygote_forks.py").read_text(encoding="utf-8")
 CONTROL_ENV = "TIDAL_CONTROL_FD"  # must match zygote.py

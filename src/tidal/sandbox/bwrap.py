@@ -16,7 +16,6 @@ written from here (`--userns-block-fd`): 65534 inside is 65534 (nobody) on the h
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -31,7 +30,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from tidal.errors import SandboxUnavailableError
@@ -54,6 +52,8 @@ from tidal.sandbox.base import (
     write_tree,
 )
 from tidal.sandbox.batch import (
+    CLEAN_FILE,
+    CLEAN_SOURCE,
     CONTROL_ENV,
     FORKS_FILE,
     READY_S,
@@ -66,7 +66,8 @@ from tidal.sandbox.batch import (
     batch_flags,
 )
 from tidal.sandbox.cgroup import Cgroup, Cgroups
-from tidal.sandbox.image import DEFAULT_IMAGE, find_image
+from tidal.sandbox.image import DEFAULT_IMAGE
+from tidal.sandbox.mounts import image_mounts, parent_dirs, system_args
 from tidal.sandbox.process import supervise
 from tidal.sandbox.seccomp import build_filter, filter_fd
 from tidal.sandbox.workspace_fs import is_mount, mount_tmpfs, unmount
@@ -76,67 +77,10 @@ log = logging.getLogger(__name__)
 
 SANDBOX_UID = 65534  # "nobody" on Debian-like systems
 WORKSPACE = "/workspace"
-PYTHON_ROOT = "/opt/tidal/python"
-SITE_ROOT = "/opt/tidal/site"
 HARNESS_ROOT = "/opt/tidal/harness"
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 INSTALL_HINT = "install bubblewrap: apt-get install bubblewrap (Debian/Ubuntu) or dnf install bubblewrap"
 ZYGOTE_MEMORY_MB = 256  # a zygote's own resident memory (interpreter, pytest), beside its widest job
 HANDSHAKE_S = 10.0  # how long bwrap may take to report its child before the sandbox counts as broken
-
-
-@dataclass(frozen=True)
-class PythonMounts:
-    """Where the interpreter and the harness packages come from, and where they appear inside."""
-
-    binds: tuple[tuple[str, str], ...]  # (host path, path inside), bound read-only
-    python: str  # the interpreter, inside
-    site: str | None  # folder inside holding the bound packages (put on PYTHONPATH)
-    ld_library_path: str | None  # for interpreters linked to libpython by an absolute RUNPATH
-    env: tuple[tuple[str, str], ...] = ()  # the image's own environment variables
-
-
-def _inside_system_dirs(path: str) -> bool:
-    return any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS)
-
-
-@functools.lru_cache(maxsize=16)
-def image_mounts(name: str = DEFAULT_IMAGE, root: str | None = None) -> PythonMounts:
-    """Read-only binds that make environment image `name` (image.py) the sandbox's Python: its
-    interpreter tree at /opt/tidal/python and its packages at /opt/tidal/site. Nothing of the
-    host's Python installation, virtual environment or project checkout is mounted."""
-    image = find_image(name, root)
-    python = f"{PYTHON_ROOT}/{image.executable}"
-    binds = ((str(image.python_root), PYTHON_ROOT), (str(image.site), SITE_ROOT))
-    env = tuple(sorted(image.manifest.get("spec", {}).get("env", {}).items()))
-    return PythonMounts(binds, python, SITE_ROOT, f"{PYTHON_ROOT}/lib" if image.needs_libpython else None, env)
-
-
-def _system_args() -> list[str]:
-    args: list[str] = []
-    for folder in SYSTEM_DIRS:
-        if os.path.islink(folder):
-            args += ["--symlink", os.readlink(folder), folder]
-        elif os.path.isdir(folder):
-            args += ["--ro-bind", folder, folder]
-    if os.path.exists("/etc/ld.so.cache"):
-        args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    return args
-
-
-def _parent_dirs(paths: list[str]) -> list[str]:
-    """`--dir` entries (world-readable) for every parent of `paths`, so uid 65534 can traverse
-    them (bwrap creates missing parents 0700)."""
-    args: list[str] = []
-    seen: set[str] = set()
-    for path in paths:
-        parts = Path(path).parent.parts[1:]
-        for i in range(len(parts)):
-            folder = "/" + "/".join(parts[: i + 1])
-            if folder not in seen and not _inside_system_dirs(folder):
-                seen.add(folder)
-                args += ["--perms", "0755", "--dir", folder]
-    return args
 
 
 def _own_peak_mb() -> float:
@@ -228,8 +172,8 @@ class BwrapBackend:
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
-        args += _system_args()
-        args += _parent_dirs([inside for _, inside in self.mounts.binds] + [HARNESS_ROOT])
+        args += system_args()
+        args += parent_dirs([inside for _, inside in self.mounts.binds] + [HARNESS_ROOT])
         for host, inside in self.mounts.binds:
             args += ["--ro-bind", host, inside]
         args += ["--ro-bind", str(run_dir / "harness"), HARNESS_ROOT]
@@ -541,7 +485,7 @@ class BwrapBackend:
         stack.callback(theirs.close)
         stack.callback(ours.close)
         try:
-            workspace = self._prepare(run_dir, {**(harness_files or {}), ZYGOTE_FILE: ZYGOTE_SOURCE})
+            workspace = self._prepare(run_dir, {**(harness_files or {}), ZYGOTE_FILE: ZYGOTE_SOURCE, CLEAN_FILE: CLEAN_SOURCE})
             # The jobs' folders live (one at a time) in a tmpfs of the widest job's disk size, and
             # the whole sandbox in one cgroup: the widest job's memory plus the zygote's own.
             self.prepare_workspace(workspace, limits)

@@ -1,9 +1,11 @@
 """The zygote: runs INSIDE a sandbox, imports slow modules once, then runs each job of a batch in a
 forked child and puts the sandbox back in a clean state before the next one.
 
-Not imported by tidal: `BwrapBackend.run_batch` ships this file's text as a harness file and runs
-`python <flags> tidal_zygote.py <workspace root> <modules to preload...>` as the sandbox's
-command. It may use only the standard library. See docs/design/sandbox.md, "Batched runs".
+Not imported by tidal: `BwrapBackend.run_batch` ships this file's text as a harness file (and
+beside it zygote_clean.py as `tidal_zygote_clean.py`, the checks and cleaning between jobs, which
+it imports) and runs `python <flags> tidal_zygote.py <workspace root> <modules to preload...>` as
+the sandbox's command. It may use only the standard library. See docs/design/sandbox.md, "Batched
+runs".
 
 Protocol, on the SOCK_SEQPACKET socket whose fd number is in $TIDAL_CONTROL_FD (one JSON object per
 message; the host only trusts what comes over it, never the jobs' output):
@@ -75,10 +77,8 @@ import gc
 import json
 import os
 import pathlib
-import re
 import resource
 import select
-import shutil
 import signal
 import socket
 import stat
@@ -87,6 +87,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import tidal_zygote_clean as clean  # shipped beside this file (zygote_clean.py)
+
 CONTROL_ENV = "TIDAL_CONTROL_FD"
 COMPANION_ENV = "TIDAL_COMPANION"  # in a job with a companion: "socket fd,status fd,pid"
 PR_SET_DUMPABLE = 4
@@ -94,7 +96,6 @@ PR_SET_CHILD_SUBREAPER = 36
 SWEEP_S = 5.0  # how long the processes a job left may take to die before the sandbox counts as broken
 SETUP_FAILED = 71  # exit code of a child whose setup failed before the job's code ran
 SCRATCH = ("/tmp", "/dev/shm")  # writable places outside the workspace that outlive a process: emptied
-UNWATCHED_FILESYSTEMS = {"proc", "sysfs", "devpts", "devtmpfs", "mqueue", "cgroup", "cgroup2"}
 MAX_MESSAGE = 1 << 20
 FD_FLOOR = 10  # a job's extra fds (ready pipe, companion) live from here up
 TEMPLATE_FORK_S = 10.0  # how long a template may take to fork a job
@@ -178,88 +179,6 @@ def sweep(protected: set[int]) -> set[int]:
             except PermissionError as error:
                 raise Broken(f"cannot kill process {pid}: {error}") from error
         time.sleep(0.001)
-
-
-def _clean_scratch(modes: dict[str, int]) -> None:
-    """Empty /tmp and /dev/shm and give them back their first mode (a job may own them)."""
-    for folder, mode in modes.items():
-        if stat.S_IMODE(os.stat(folder).st_mode) != mode:
-            os.chmod(folder, mode)
-        for entry in os.scandir(folder):
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, onerror=_force)
-            else:
-                os.unlink(entry.path)
-
-
-def _force(function: Any, path: str, _exc: Any) -> None:
-    os.chmod(os.path.dirname(path), stat.S_IRWXU)
-    if os.path.isdir(path) and not os.path.islink(path):
-        os.chmod(path, stat.S_IRWXU)
-    function(path)
-
-
-def _under(path: str, folders: tuple[str, ...]) -> bool:
-    return any(path == folder or path.startswith(folder.rstrip("/") + "/") for folder in folders)
-
-
-def _watched(skip: tuple[str, ...]) -> tuple[list[str], set[str]]:
-    """The writable mounted folders nothing empties between jobs (with bwrap as a normal user, the
-    sandbox's own / and /dev belong to the sandbox user), and every mount point."""
-    roots, points = [], set()
-    with open("/proc/self/mountinfo", encoding="utf-8") as file:
-        for line in file:
-            fields = line.split()
-            point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), fields[4])  # "\040" is a space
-            filesystem = fields[fields.index("-") + 1]
-            points.add(point)
-            if "rw" in fields[5].split(",") and filesystem not in UNWATCHED_FILESYSTEMS \
-                    and not _under(point, skip) and os.path.isdir(point):
-                roots.append(point)
-    return roots, points
-
-
-def _files(roots: list[str], points: set[str], skip: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-    """Mode, owner, size and mtime of every entry under `roots`, without entering other mounts."""
-    found = {}
-    pending = list(roots)
-    for root in roots:
-        info = os.stat(root)
-        found[root] = (info.st_mode, info.st_uid, info.st_mtime_ns)
-    while pending:
-        try:
-            entries = list(os.scandir(pending.pop()))
-        except PermissionError:
-            continue  # a folder this user cannot read, it cannot write either
-        for entry in entries:
-            if entry.path in points or _under(entry.path, skip):
-                continue
-            info = entry.stat(follow_symlinks=False)
-            found[entry.path] = (info.st_mode, info.st_uid, info.st_size, info.st_mtime_ns)
-            if stat.S_ISDIR(info.st_mode):
-                pending.append(entry.path)
-    return found
-
-
-def _state(watched: tuple[list[str], set[str]], skip: tuple[str, ...]) -> dict[str, Any]:
-    """What a job could leave behind for the next one: attributes a fork inherits that another
-    process of the same user can change from outside, files in writable places nothing empties,
-    and System V IPC objects."""
-    ipc = {}
-    for kind in ("shm", "sem", "msg"):
-        try:
-            with open(f"/proc/sysvipc/{kind}", encoding="utf-8") as file:
-                ipc[kind] = file.read()
-        except OSError:
-            pass
-    return {
-        "rlimits": {name: resource.getrlimit(number) for name, number in RLIMITS.items()},
-        "nice": os.getpriority(os.PRIO_PROCESS, 0),
-        "affinity": sorted(os.sched_getaffinity(0)),
-        "scheduler": os.sched_getscheduler(0),
-        "files": _files(*watched, skip),
-        "System V IPC objects": ipc,
-    }
 
 
 def _exit_code(value: Any) -> int:
@@ -604,8 +523,8 @@ def main(argv: list[str]) -> int:
             except Exception:
                 failed.append(name)
     modes = {folder: stat.S_IMODE(os.stat(folder).st_mode) for folder in SCRATCH if os.path.isdir(folder)}
-    watched = _watched(skip)
-    baseline = _state(watched, skip)
+    watched = clean.watched(skip)
+    baseline = clean.state(watched, skip, RLIMITS)
     gc.collect()
     gc.freeze()  # children's collections skip (and so do not copy) everything imported so far
     send(control, {"event": "ready", "failed": failed, "forks": _FORKS is not None,
@@ -624,10 +543,10 @@ def main(argv: list[str]) -> int:
                 result = _FORKS.open_template(job, fds, control, protected)
             else:
                 result = _run(job, fds, control, protected)
-            _clean_scratch(modes)
+            clean.clean_scratch(modes)
             reaped = result.pop("reaped")
             result["retire"] = _FORKS.check_helpers(reaped) if _FORKS is not None else None
-            state = _state(watched, skip)
+            state = clean.state(watched, skip, RLIMITS)
             changed = [key for key, value in state.items() if value != baseline[key]]
             if changed:  # this job's own result stands; the next job would not run in a clean sandbox
                 paths = sorted({path for path, _ in set(state["files"].items()) ^ set(baseline["files"].items())})

@@ -16,7 +16,7 @@ from sandbox_probes import processes_with
 
 from tidal.sandbox import SandboxBackend, SandboxResult, SandboxStatus
 from tidal.sandbox.base import AfterRun, BatchBackend, BatchJob
-from tidal.sandbox.batch import CONTROL_ENV, ZYGOTE_SOURCE
+from tidal.sandbox.batch import CLEAN_FILE, CLEAN_SOURCE, CONTROL_ENV, ZYGOTE_SOURCE
 from tidal.types import Limits
 
 
@@ -167,6 +167,7 @@ def test_batch_jobs_must_be_python_modules_with_the_same_flags(bwrap: SandboxBac
 def test_the_zygote_refuses_to_run_outside_a_fresh_pid_namespace(tmp_path: Path) -> None:
     script = tmp_path / "zygote.py"
     script.write_text(ZYGOTE_SOURCE)
+    (tmp_path / CLEAN_FILE).write_text(CLEAN_SOURCE)  # the zygote imports it from beside itself
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     process = subprocess.Popen([sys.executable, str(script)], env={**os.environ, CONTROL_ENV: str(theirs.fileno())},
                                pass_fds=(theirs.fileno(),))

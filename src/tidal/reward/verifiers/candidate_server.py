@@ -54,7 +54,7 @@ class Audit:
                 path = os.fsdecode(args[0])
                 if os.path.realpath(path) in self.tests or os.path.basename(path) in self.test_names:
                     self.findings.append(f"opened the test file {path}")
-            elif event == "import" and str(args[0]).split(".")[0] in FRAMEWORK:
+            elif event == "import" and (str(args[0]).split(".")[0] in FRAMEWORK or str(args[0]).startswith("tidal_")):
                 self.findings.append(f"imported {args[0]}")
             elif event == "sys._getframe" and args[0].f_code.co_filename.startswith(HARNESS):
                 self.findings.append(f"took the frame of the harness's {args[0].f_code.co_name}")

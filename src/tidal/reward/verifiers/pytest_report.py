@@ -280,7 +280,7 @@ class _Audit:
             if isinstance(path, (str, bytes)) and self.is_test(path):
                 return f"opened the test file {os.fsdecode(path)}"
         elif event == "import":
-            if str(args[0]).split(".")[0] in FRAMEWORK:
+            if str(args[0]).split(".")[0] in FRAMEWORK or str(args[0]).startswith("tidal_"):  # any harness module
                 return f"imported {args[0]}"
         elif event == "sys._getframe":
             frame = args[0]
