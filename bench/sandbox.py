@@ -68,9 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"), help="file to update")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--verify-only", action="store_true", help="only the verification parts (implies --no-write)")
-    parser.add_argument("--pytest-options", default=None,
-                        help="pytest's options for python_tests instead of its own (space-separated; "
-                             "e.g. the earlier --tb=short, to compare)")
+    parser.add_argument("--traceback", default=None,
+                        help="the code tasks' python_tests `traceback` style (pytest's --tb; default: the "
+                             "verifier's own, line), e.g. short to compare")
     return parser.parse_args(argv)
 
 
@@ -235,7 +235,8 @@ def code_tasks(args: argparse.Namespace, mode: str, count: int, timeout_s: float
 
     tasks = []
     for task in generate_tasks("code", count, "train", args.seed):
-        update: dict[str, Any] = {"verifier": task.verifier.model_copy(update={"mode": mode})}
+        verifier = {"mode": mode, **({"traceback": args.traceback} if args.traceback else {})}
+        update: dict[str, Any] = {"verifier": task.verifier.model_copy(update=verifier)}
         if timeout_s is not None:
             update["limits"] = Limits(timeout_s=timeout_s)
         tasks.append(task.model_copy(update=update))
@@ -432,10 +433,6 @@ def main(argv: list[str] | None = None) -> None:
     from tidal.sandbox.pool import SandboxPool
 
     args = parse_args(argv)
-    if args.pytest_options is not None:
-        from tidal.reward.verifiers import python_tests
-
-        python_tests.PYTEST_OPTIONS = tuple(args.pytest_options.split())
     backend = get_backend("bwrap")
     loads: list[str] = []
 

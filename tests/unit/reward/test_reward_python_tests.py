@@ -124,6 +124,15 @@ def test_a_failing_tests_evidence_is_where_and_what_failed(sandboxed: ScoringCon
     assert "E   assert 0 == -2" in failure and "where 0 = " in failure  # the exception, as --tb=line gives it
 
 
+def test_a_task_may_ask_for_a_fuller_traceback(sandboxed: ScoringContext) -> None:
+    wrong = "def sum_evens(xs):\n    return sum(x for x in xs if x % 2 == 0 and x > 0)\n"
+    result = score(sandboxed, wrong, make_task(verifier={"name": "python_tests", "traceback": "short"}))
+    assert result.outcome is Outcome.FAILED and result.value == pytest.approx(3 / 4)
+    assert "in test_negative\n    assert sum_evens([-2, 3]) == -2\n" in str(result.info["failure"])  # quoted source
+    bad = score(sandboxed, wrong, make_task(verifier={"name": "python_tests", "traceback": "everything"}))
+    assert bad.outcome is Outcome.INFRA_ERROR and "traceback 'everything' is not one of line, short" in bad.detail
+
+
 def test_answer_that_does_not_import_fails(sandboxed: ScoringContext) -> None:
     result = score(sandboxed, "def sum_evens(xs) return 0\n")
     assert result.outcome is Outcome.FAILED and result.value == 0.0

@@ -24,6 +24,8 @@ Modes (verifier arg `mode`, default `auto`, see process_mode.py): `in_process` i
 into the pytest process; `out_of_process` runs it in a separate process that the tests call with
 data only (function_proxy.py, candidate_server.py). `auto` picks out_of_process whenever the
 tests allow it. `call_timeout_s` (default half the run's timeout) bounds each call there.
+`traceback` (default `line`: the exception and pytest's crash line; `short`, `long` or `native`
+quote source as pytest's `--tb` does, at ~10 ms of CPU per failing answer) shapes a failure's evidence.
 
 Outcomes (first that applies): infra_error (sandbox or pytest could not start; a broken task),
 tampered, timeout, memory_limit (limit hit, or a MemoryError in a test or at import), crashed
@@ -73,9 +75,11 @@ from tidal.sandbox.batch import FORKS_FILE, FORKS_SOURCE, Companion, Template, Z
 from tidal.types import Outcome, Score, Task
 
 PLUGIN_MODULE = "tidal_pytest_report"
-# `--tb=line`: a failing test's evidence is its exception and the line that raised it (pytest's
-# crash line); a source-quoting traceback cost a failing answer ~10 ms of its ~45 in a warm pool.
-PYTEST_OPTIONS = ("-p", "no:cacheprovider", "-q", "--color=no", "--tb=line", "-o", "addopts=", "--rootdir=.")
+PYTEST_OPTIONS = ("-p", "no:cacheprovider", "-q", "--color=no", "-o", "addopts=", "--rootdir=.")
+# pytest's --tb styles a task may pick (verifier arg `traceback`). The default, `line`: a failing
+# test's evidence is its exception and the line that raised it (pytest's crash line, which the
+# report plugin puts first); quoting source cost a failing answer ~10 ms of CPU in a warm pool.
+TRACEBACKS = ("line", "short", "long", "native")
 PLUGIN_SOURCE = (Path(__file__).parent / "pytest_report.py").read_text(encoding="utf-8")
 HARNESS_FILES = {
     f"{PLUGIN_MODULE}.py": PLUGIN_SOURCE,
@@ -391,11 +395,13 @@ class Prepared:
     call_timeout_s: float | None = None
     nonce: str = field(default_factory=lambda: secrets.token_hex(16))
     entrypoint: str = "solution.py"
+    traceback: str = "line"  # pytest's --tb style (TRACEBACKS)
     templated: bool = False  # a zygote may fork this run from the task's template (docs/design/sandbox.md)
 
     def job(self, task: Task, python: str, ctx: ScoringContext) -> BatchJob:
         # `python -m pytest` puts the workspace on sys.path, as task authors expect.
-        argv = [python, "-s", "-B", "-m", "pytest", "-p", PLUGIN_MODULE, *PYTEST_OPTIONS, *self.paths]
+        argv = [python, "-s", "-B", "-m", "pytest", "-p", PLUGIN_MODULE, *PYTEST_OPTIONS, f"--tb={self.traceback}",
+                *self.paths]
         limits = ctx.limits(task)
         settings = {"mode": self.mode, "module": self.module, "tests": self.tests,
                     "call_timeout_s": self.call_timeout_s or max(1.0, limits.timeout_s / 2),
@@ -486,6 +492,9 @@ def prepare(task: Task, answer: str) -> Prepared | Score:
     call_timeout_s = args.get("call_timeout_s")
     if call_timeout_s is not None and (not isinstance(call_timeout_s, (int, float)) or call_timeout_s <= 0):
         return task_problem(task, f"call_timeout_s must be a positive number of seconds, not {call_timeout_s!r}")
+    traceback = str(args.get("traceback", "line"))
+    if traceback not in TRACEBACKS:
+        return task_problem(task, f"traceback {traceback!r} is not one of {', '.join(TRACEBACKS)}")
     try:
         safe_relative_path(entrypoint)
         for name in [*task.files, *task.tests]:
@@ -510,7 +519,7 @@ def prepare(task: Task, answer: str) -> Prepared | Score:
                     allowed_conftests, mode=plan.mode, module=PurePosixPath(entrypoint).stem,
                     tests=sorted(task.tests), static=scan_answer(code, sorted(task.tests)),
                     call_timeout_s=float(call_timeout_s) if call_timeout_s is not None else None,
-                    entrypoint=entrypoint, templated=plan.templated)
+                    entrypoint=entrypoint, traceback=traceback, templated=plan.templated)
 
 
 def python_tests_batch(task: Task, answers: list[str], ctx: ScoringContext) -> list[Score]:
