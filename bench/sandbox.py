@@ -413,16 +413,18 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
         "",
         'Before templates and companions (2026-11-30 11:32 UTC, the same command, load 0.7-1.8) verification '
         'ran at 1.46x (auto) and 2.98x (in_process) of bare pytest; with them, while failing tests were still'
-        ' reported with `--tb=short` (2026-11-30 15:31 UTC), at 6.04x and 7.41x. Back to back on 2026-12-01 '
-        '02:43 UTC, `python bench/sandbox.py --verify-only --pytest-options "-p no:cacheprovider -q '
-        '--color=no --tb=short -o addopts= --rootdir=."` (the earlier options) gave 6.04x (auto) and 5.79x '
-        '(in_process), CPU per sample 58.5 and 66.5 ms, and `--verify-only` right after gave 7.67x and 6.79x,'
-        " 46.5 and 56.2 ms. The aim is 10x. Samples per second depend on the host's load, which slows bare "
-        "pytest's start-up more than the pool's forks (the ratio rises with it), and on this shared machine "
-        'even the CPU per sample moves by about 15% from one run to the next (compare the runs above). What a'
-        ' pool sample still costs is listed in docs/design/sandbox.md, "Cost": mostly pytest\'s own work in '
-        "the answer's process (its per-test protocol, the pages a fork copies on write), the answer's process"
-        " out of process, and a template's build per task and zygote.",
+        ' reported with `--tb=short` (2026-11-30 15:31 UTC), at 6.04x and 7.41x. Two back-to-back pairs on '
+        '2026-12-01, `python bench/sandbox.py --verify-only --traceback short` (the earlier style; the first '
+        'pair ran it as the then option `--pytest-options`) and then `--verify-only`: at 02:43 UTC 6.04x '
+        '(auto) and 5.79x (in_process), CPU per sample 58.5 and 66.5 ms, against 7.67x and 6.79x, 46.5 and '
+        '56.2 ms; at 03:27 UTC 6.46x and 7.21x, 58.8 and 49.2 ms, against 6.89x and 7.56x, 52.9 and 52.7 ms. '
+        "So `--tb=line` saves roughly a tenth of a sample's CPU, about the size of this machine's run-to-run "
+        "noise. The aim is 10x. Samples per second depend on the host's load, which slows bare pytest's "
+        "start-up more than the pool's forks (the ratio rises with it), and on this shared machine even the "
+        'CPU per sample moves by about 15% from one run to the next (compare the runs above). What a pool '
+        'sample still costs is listed in docs/design/sandbox.md, "Cost": mostly pytest\'s own work in the '
+        "answer's process (its per-test protocol, the pages a fork copies on write), the answer's process out"
+        " of process, and a template's build per task and zygote.",
         "",
     ]
     return "\n".join(lines)

@@ -25,7 +25,8 @@ into the pytest process; `out_of_process` runs it in a separate process that the
 data only (function_proxy.py, candidate_server.py). `auto` picks out_of_process whenever the
 tests allow it. `call_timeout_s` (default half the run's timeout) bounds each call there.
 `traceback` (default `line`: the exception and pytest's crash line; `short`, `long` or `native`
-quote source as pytest's `--tb` does, at ~10 ms of CPU per failing answer) shapes a failure's evidence.
+quote source as pytest's `--tb` does, at roughly a tenth more CPU per answer in a warm pool) shapes a
+failure's evidence.
 
 Outcomes (first that applies): infra_error (sandbox or pytest could not start; a broken task),
 tampered, timeout, memory_limit (limit hit, or a MemoryError in a test or at import), crashed
@@ -78,7 +79,7 @@ PLUGIN_MODULE = "tidal_pytest_report"
 PYTEST_OPTIONS = ("-p", "no:cacheprovider", "-q", "--color=no", "-o", "addopts=", "--rootdir=.")
 # pytest's --tb styles a task may pick (verifier arg `traceback`). The default, `line`: a failing
 # test's evidence is its exception and the line that raised it (pytest's crash line, which the
-# report plugin puts first); quoting source cost a failing answer ~10 ms of CPU in a warm pool.
+# report plugin puts first); quoting source cost roughly a tenth of a pool sample's CPU (bench/RESULTS.md).
 TRACEBACKS = ("line", "short", "long", "native")
 PLUGIN_SOURCE = (Path(__file__).parent / "pytest_report.py").read_text(encoding="utf-8")
 HARNESS_FILES = {
