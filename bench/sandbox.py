@@ -279,6 +279,45 @@ def verification(args: argparse.Namespace, mode: str) -> dict[str, float]:
     return row
 
 
+def verification_fresh(args: argparse.Namespace, mode: str, group: int) -> dict[str, float]:
+    """As `verification`, in the shape of RL steps: every round scores tasks no earlier round saw
+    (so each pays its templates), `group` answers each (the first variants: half right, half wrong);
+    the first round is the warm-up."""
+    from tidal.config.schema import RewardConfig, SandboxConfig
+    from tidal.reward import Scorer
+    from tidal.tasks import reference_answer
+
+    tasks = code_tasks(args, mode, args.tasks * (args.repeats + 1))
+    rounds = [[(task, answer) for task in tasks[r * args.tasks:(r + 1) * args.tasks]
+               for answer in variants(reference_answer(task))[:group]] for r in range(args.repeats + 1)]
+    seconds: dict[str, list[float]] = {"pool": [], "bare pytest": []}
+    cpu: dict[str, list[float]] = {"pool": [], "bare pytest": []}
+    python, env = image_interpreter()
+    with Scorer(RewardConfig(sandbox=SandboxConfig(workers=args.workers), cache=False)) as scorer, \
+            ThreadPoolExecutor(max_workers=args.workers) as threads:
+        for index, items in enumerate(rounds):
+            runs = {"pool": lambda items=items: scorer.score_many(items),
+                    "bare pytest": lambda items=items: list(threads.map(lambda item: plain_pytest(*item, python, env),
+                                                                        items))}
+            for name, run in runs.items():
+                before, start = tree_cpu_s(), time.perf_counter()
+                run()
+                took, after = time.perf_counter() - start, tree_cpu_s()
+                if index:
+                    seconds[name].append(took)
+                    cpu[name].append(sum(after.values()) - sum(before.get(pid, 0.0) for pid in after))
+    samples = len(rounds[0])
+    row = {"samples": samples, "group": group,
+           "speedup": statistics.median(b / p for p, b in zip(seconds["pool"], seconds["bare pytest"])),
+           "cpu speedup": statistics.median(b / p for p, b in zip(cpu["pool"], cpu["bare pytest"]))}
+    row.update({f"samples/s, {name}": samples / statistics.median(s) for name, s in seconds.items()})
+    row.update({f"cpu ms, {name}": statistics.median(c) / samples * 1000 for name, c in cpu.items()})
+    print(f"verify-rl {mode:14s} fresh tasks, {group} answers each: pool {row['samples/s, pool']:.1f} samples/s, bare "
+          f"pytest {row['samples/s, bare pytest']:.1f}: {row['speedup']:.2f}x; CPU per sample {row['cpu ms, pool']:.1f} ms "
+          f"vs {row['cpu ms, bare pytest']:.1f} ms: {row['cpu speedup']:.2f}x")
+    return row
+
+
 def bare_pytest_passes(task: Any, answer: str, timeout_s: float) -> bool:
     """`python -m pytest` on the answer and the tests in a temporary folder, as `plain_pytest` runs
     it, killed (and so not passing) at `timeout_s`: whether it exited 0."""
@@ -368,7 +407,7 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
     import pytest
 
     o, r, v, snap = rows["overhead"], rows["runs"], rows["verify"], rows["snapshot"]
-    vi, d, di = rows["verify in_process"], rows["verdicts"], rows["verdicts in_process"]
+    vi, d, di, vf = rows["verify in_process"], rows["verdicts"], rows["verdicts in_process"], rows["verify fresh"]
     command = "python bench/sandbox.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
     lines = [
         SECTION, "",
@@ -401,6 +440,10 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
         f"  - mode in_process: **{vi['samples/s, pool']:.1f}** samples/s vs {vi['samples/s, bare pytest']:.1f}: "
         f"**{vi['speedup']:.2f}x**; CPU per sample {vi['cpu ms, pool']:.1f} ms vs {vi['cpu ms, bare pytest']:.1f} ms: "
         f"**{vi['cpu speedup']:.2f}x**; verdicts agreed on {vi['agree']:.0f}/{vi['samples']:.0f}",
+        f"  - in the shape of RL steps (mode auto; every round {args.tasks} tasks no earlier round saw, so each pays its "
+        f"templates, {vf['group']} answers each, half right): **{vf['samples/s, pool']:.1f}** samples/s vs "
+        f"{vf['samples/s, bare pytest']:.1f}: **{vf['speedup']:.2f}x**; CPU per sample {vf['cpu ms, pool']:.1f} ms vs "
+        f"{vf['cpu ms, bare pytest']:.1f} ms: **{vf['cpu speedup']:.2f}x**",
         f"- same verdicts, {d['answers']} answers per mode ({min(args.tasks, 2)} tasks x (8 variants + 7 hostile: hangs, "
         "exits 0 at import, rewrites its exit status, always-equal object, leaves a daemon, writes a conftest.py, reads "
         "the test file)), pool against the single path (a sandbox and a whole pytest session per answer):",
@@ -454,6 +497,8 @@ def main(argv: list[str] | None = None) -> None:
     rows["verify"] = verification(args, "auto")  # the code family's tasks run out of process under auto
     load()
     rows["verify in_process"] = verification(args, "in_process")
+    load()
+    rows["verify fresh"] = verification_fresh(args, "auto", group=4)
     load()
     rows["verdicts"] = same_verdicts(args, "auto")
     rows["verdicts in_process"] = same_verdicts(args, "in_process")
