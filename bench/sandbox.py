@@ -243,6 +243,17 @@ def code_tasks(args: argparse.Namespace, mode: str, count: int, timeout_s: float
     return tasks
 
 
+def ratios(seconds: dict[str, list[float]], cpu: dict[str, list[float]], samples: int) -> dict[str, float]:
+    """Samples/s and CPU ms per sample of the pool and of bare pytest (medians over rounds of
+    `samples` each), and the medians of the per-round ratios."""
+    row: dict[str, float] = {"samples": samples}
+    row.update({f"samples/s, {name}": samples / statistics.median(s) for name, s in seconds.items()})
+    row.update({f"cpu ms, {name}": statistics.median(c) / samples * 1000 for name, c in cpu.items()})
+    row["speedup"] = statistics.median(b / p for p, b in zip(seconds["pool"], seconds["bare pytest"]))
+    row["cpu speedup"] = statistics.median(b / p for p, b in zip(cpu["pool"], cpu["bare pytest"]))
+    return row
+
+
 def verification(args: argparse.Namespace, mode: str) -> dict[str, float]:
     """Samples/s of `Scorer.score_many` on a warm pool (python_tests `mode`) and of bare pytest
     per sample; agreement."""
@@ -265,11 +276,7 @@ def verification(args: argparse.Namespace, mode: str) -> dict[str, float]:
 
         cpu: dict[str, list[float]] = {}
         seconds = interleaved({"pool": pool, "bare pytest": plain}, args.repeats, cpu)
-    row = {f"samples/s, {name}": len(items) / statistics.median(s) for name, s in seconds.items()}
-    row["speedup"] = statistics.median(b / p for p, b in zip(seconds["pool"], seconds["bare pytest"]))
-    row.update({f"cpu ms, {name}": statistics.median(c) / len(items) * 1000 for name, c in cpu.items()})
-    row["cpu speedup"] = statistics.median(b / p for p, b in zip(cpu["pool"], cpu["bare pytest"]))
-    row["samples"] = len(items)
+    row = ratios(seconds, cpu, len(items))
     row["agree"] = sum(a == b for a, b in zip(verdicts["pool"], verdicts["bare"]))
     print(f"verify    {mode:14s} pool {row['samples/s, pool']:.1f} samples/s, bare pytest {row['samples/s, bare pytest']:.1f} "
           f"samples/s: {row['speedup']:.2f}x; CPU per sample {row['cpu ms, pool']:.1f} ms vs "
@@ -306,12 +313,7 @@ def verification_fresh(args: argparse.Namespace, mode: str, group: int) -> dict[
                 if index:
                     seconds[name].append(took)
                     cpu[name].append(sum(after.values()) - sum(before.get(pid, 0.0) for pid in after))
-    samples = len(rounds[0])
-    row = {"samples": samples, "group": group,
-           "speedup": statistics.median(b / p for p, b in zip(seconds["pool"], seconds["bare pytest"])),
-           "cpu speedup": statistics.median(b / p for p, b in zip(cpu["pool"], cpu["bare pytest"]))}
-    row.update({f"samples/s, {name}": samples / statistics.median(s) for name, s in seconds.items()})
-    row.update({f"cpu ms, {name}": statistics.median(c) / samples * 1000 for name, c in cpu.items()})
+    row = {**ratios(seconds, cpu, len(rounds[0])), "group": group}
     print(f"verify-rl {mode:14s} fresh tasks, {group} answers each: pool {row['samples/s, pool']:.1f} samples/s, bare "
           f"pytest {row['samples/s, bare pytest']:.1f}: {row['speedup']:.2f}x; CPU per sample {row['cpu ms, pool']:.1f} ms "
           f"vs {row['cpu ms, bare pytest']:.1f} ms: {row['cpu speedup']:.2f}x")

@@ -488,9 +488,7 @@ def _crash_line(report: Any) -> str:
     crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
     if crash is None:
         return ""
-    path = str(crash.path)
-    if path.startswith(_reporter.cwd.rstrip("/") + "/"):
-        path = path[len(_reporter.cwd.rstrip("/")) + 1:]
+    path = str(crash.path).removeprefix(_reporter.cwd.rstrip("/") + "/")
     return f"{path}:{crash.lineno}: {str(crash.message).splitlines()[0] if crash.message else ''}\n"
 
 
