@@ -71,6 +71,9 @@ def test_a_template_scores_every_answer_as_a_session_of_its_own(
         assert one.info.get("tamper") == alone.info.get("tamper") or name == "daemon", name
         if name == "wrong":  # the same evidence: pytest's crash line, then the exception
             assert one.info["failure"] == alone.info["failure"] and ".py:" in one.info["failure"].split("\n")[0]
+        if name == "syntax error":  # a collection error ends the session as failed (1), not interrupted (2)
+            assert one.info["exit_code"] == alone.info["exit_code"] == 1, (one.info, alone.info)
+            assert "SyntaxError" in one.info["failure"] and "SyntaxError" in alone.info["failure"]
     verdicts = dict(zip(ANSWERS, outcomes(batched)))
     assert verdicts["correct"] == (1.0, Outcome.PASSED) and verdicts["wrong"] == (0.4, Outcome.FAILED)
     assert verdicts["hangs"][1] is Outcome.TIMEOUT and verdicts["daemon"][1] is Outcome.TAMPERED

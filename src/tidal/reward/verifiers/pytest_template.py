@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import linecache
 import os
 import sys
@@ -133,10 +134,20 @@ def _probe() -> None:
     raise AssertionError("the template's warm-up")  # a visible frame: its report is the whole warm-up
 
 
+def _index_modules() -> None:
+    """Bring inspect's index of module files up to date with `sys.modules`. `inspect.getmodule`
+    (which pytest calls for each frame of a traceback it reports) rescans every module it has not
+    indexed yet whenever a file is not in the index, as a frozen module's is (an import's frames):
+    300-odd `realpath` calls in each answer's process unless the index it inherits is current
+    (about 15 ms of the report of an answer that does not import, in a pool's job)."""
+    inspect.getmodule(None, "<tidal: the module index>")  # no module has that file: a full rescan
+
+
 def _warm(session: Any) -> None:
     """Report a failure once, here, and throw the report away: what pytest builds on a process's
     first failure (inspect's index of module files, compiled regular expressions) each answer's
     process then inherits instead of building it again."""
+    _index_modules()
     if not session.items:
         return
     try:
@@ -156,6 +167,7 @@ def _warm_zygote() -> None:
         from _pytest._code import ExceptionInfo
 
         str(ExceptionInfo.from_exception(error).getrepr(style="line"))
+    _index_modules()
 
 
 if "tidal_zygote" in sys.modules:  # imported by a zygote, which preloads this module
