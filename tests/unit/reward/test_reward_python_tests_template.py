@@ -5,7 +5,11 @@ sessions."""
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +132,57 @@ def test_a_plugin_from_the_workspace_is_still_reported(pool: SandboxPool, sandbo
     for score in [one, *batched]:
         assert score.outcome is Outcome.TAMPERED
         assert "a pytest plugin was registered from helper_plugin.py" in score.info["tamper"]
+
+
+FIXTURE_SCAN = """
+import sys, types
+sys.path.insert(0, sys.argv[1])
+import pytest
+from tidal.reward.verifiers import python_tests, pytest_template
+
+for name in python_tests.PRELOAD:  # what a zygote has imported when it indexes the plugins
+    if not name.startswith(("companion:", "tidal_")):
+        __import__(name)
+indexed = sys.argv[3] == "indexed"
+if indexed:
+    pytest_template._index_plugins()
+    import _pytest.fixtures
+    assert _pytest.fixtures.dir is pytest_template._scan_names
+    served = []
+    original = pytest_template._scan_names
+    def counting(holder):
+        names = original(holder)
+        served.append(pytest_template._SCANNED.get(id(holder), (None,))[0] is holder)
+        return names
+    _pytest.fixtures.dir = counting
+
+class Record:
+    def pytest_collection_finish(self, session):
+        manager = session._fixturemanager
+        self.defs = [(d.argname, d.func.__module__, d.func.__qualname__, d.scope)
+                     for d in manager._get_all_fixture_defs()]
+        self.autouse = [list(names) for names in manager._node_autousenames.values()]
+
+record = Record()
+code = pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[2]], plugins=[record])
+print(repr((int(code), record.defs, record.autouse, sum(served) if indexed else None)))
+"""
+
+
+def test_the_zygote_index_of_plugin_fixtures_registers_what_a_full_scan_does(tmp_path: Path) -> None:
+    # pytest_template._index_plugins shows pytest's fixture scan only the names it acts on: every
+    # fixture (pytest's tmp_path, capsys, ..., and a wrapped one) must be registered as without it.
+    tests = tmp_path / "test_fixtures.py"
+    tests.write_text("import functools\nimport pytest\n\n\n@pytest.fixture\ndef base():\n    return 1\n\n\n"
+                     "def test_uses(tmp_path, capsys, monkeypatch, base):\n    assert base == 1\n")
+    src = str(Path(__file__).resolve().parents[3] / "src")
+    runs = {}
+    for mode in ("plain", "indexed"):
+        done = subprocess.run([sys.executable, "-c", FIXTURE_SCAN, src, str(tests), mode], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=120, check=False)
+        runs[mode] = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    (code, defs, autouse, _), (code2, defs2, autouse2, served) = runs["plain"], runs["indexed"]
+    assert code == code2 == 0
+    assert defs2 == defs and autouse2 == autouse
+    assert {"tmp_path", "capsys", "monkeypatch", "base"} <= {d[0] for d in defs}
+    assert served >= 20  # pytest's own plugin modules came from the index

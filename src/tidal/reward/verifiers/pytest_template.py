@@ -170,8 +170,51 @@ def _warm_zygote() -> None:
     _index_modules()
 
 
+_SCANNED: dict[int, tuple[types.ModuleType, int, list[str]]] = {}  # id -> (module, size of its namespace, names)
+
+
+def _scan_names(holder: object) -> list[str]:
+    """`dir` as pytest's fixture scan (`FixtureManager.parsefactories`) sees it once a zygote has
+    indexed the plugin modules: for an indexed module whose namespace has not changed size, only
+    the names the scan acts on; for anything else, `dir` itself."""
+    entry = _SCANNED.get(id(holder))
+    if entry is not None and entry[0] is holder and len(vars(holder)) == entry[1]:
+        return list(entry[2])
+    return dir(holder)
+
+
+def _index_plugins() -> None:
+    """In a zygote: index the modules pytest registers as plugins (pytest's own, the harness's) for
+    the fixture scan every session starts with. The scan looks at every name of every plugin,
+    ~2,000 of them, to find the few fixtures and warn about fixtures hidden behind decorators:
+    half of a template's start-up. It acts only on a name whose value is a fixture or wraps
+    something (`__wrapped__`), so a module's other names are left out of what it is shown: the
+    same fixtures, registered in the same order (`dir`'s, sorted)."""
+    import _pytest.fixtures as fixtures
+
+    definition = getattr(fixtures, "FixtureFunctionDefinition", None)
+    if definition is None or "dir" in vars(fixtures):
+        return  # not the pytest this was written against, or already done
+
+    def acts_on(value: object) -> bool:
+        try:
+            return type(value) is definition or hasattr(value, "__wrapped__")
+        except Exception:  # noqa: BLE001 - an object that fails on attribute access: let the scan see it
+            return True
+
+    for name, module in list(sys.modules.items()):
+        if isinstance(module, types.ModuleType) and name.split(".")[0] in ("pytest", "_pytest", "pluggy") \
+                or name.startswith("tidal_"):
+            namespace = vars(module)
+            if "__dir__" not in namespace:
+                names = sorted(key for key, value in namespace.items() if acts_on(value))
+                _SCANNED[id(module)] = (module, len(namespace), names)
+    fixtures.dir = _scan_names  # type: ignore[attr-defined]  # the module's own `dir` from now on
+
+
 if "tidal_zygote" in sys.modules:  # imported by a zygote, which preloads this module
     _warm_zygote()
+    _index_plugins()
 
 
 def bind(session: Any, reporter: Any, watch: Any) -> None:
