@@ -10,8 +10,10 @@ Two long-lived helper processes may run beside the zygote, each forked from it, 
 session and non-dumpable, neither a subreaper, each serving forks over a socket only the zygote
 holds: the *nursery*, forked before the zygote preloads anything, from which companions are forked
 (so a companion starts as small as a fresh interpreter), and the *template* of the task at hand.
-A process they fork goes through a middle process that exits at once, so it is the zygote's child
-(the nearest subreaper): the zygote waits for it, reaps it and sweeps after it as for a plain job.
+A process they fork is the zygote's child (a sibling of the helper, forked with CLONE_PARENT; where
+that cannot be, it goes through a middle process that exits at once and is reparented to the
+zygote, the nearest subreaper): the zygote waits for it, reaps it and sweeps after it as for a
+plain job.
 After every job the zygote checks both helpers: one that died, stopped, or has other rlimits, nice
 value, CPU affinity or scheduler than when it started (what a fork inherits that a job's process,
 same user, could change from outside) is dropped: a template is started again for the next job
@@ -26,6 +28,7 @@ import fcntl
 import gc
 import json
 import os
+import platform
 import resource
 import select
 import signal
@@ -40,6 +43,9 @@ import tidal_zygote as zygote
 
 REPLY_S = 10.0  # how long a helper may take to fork a process
 _LIBC = ctypes.PyDLL(None, use_errno=True)  # a PyDLL call holds the GIL, as os.fork does across fork()
+_LIBC.syscall.restype = ctypes.c_long
+CLONE_PARENT = 0x00008000  # the new process is a child of the caller's parent
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(platform.machine())  # clone(2): flags first on both
 
 
 @dataclasses.dataclass
@@ -131,18 +137,33 @@ def _ask(helper: _Helper, request: dict[str, Any], fds: list[int]) -> None:
 
 
 def _fork_through(fds: list[int], become: Callable[[], None]) -> bool:
-    """In a helper: fork a process through a middle process that exits at once, so that it is the
-    zygote's child (the nearest subreaper); it waits until it is, then runs `become` (which says
+    """In a helper: fork a process that is the zygote's child, then run `become` in it (which says
     it is ready, with its pid: from then on it owes the helper nothing, and may even kill it).
     True in it; False in the helper.
 
-    The middle process only forks again (with `os.fork`, so the process gets every after-fork step
-    a fork of the helper would) and exits, so when the helper has no other thread it is forked by
-    libc's fork(): the interpreter's own after-fork steps (reseeding `random`, resetting locks, ...:
-    half of what that middle process costs, in a process holding pytest) would buy it nothing."""
-    zygote_pid = os.getppid()
+    When the helper has no other thread, the process is its sibling: clone(2) with CLONE_PARENT,
+    with the interpreter's before- and after-fork steps around it, as `os.fork` takes them.
+    Otherwise (or where that clone fails) it goes through a middle process that exits at once, so
+    that it is reparented to the zygote (the nearest subreaper), and it waits until it is. The
+    middle process only forks again (with `os.fork`, so the process gets every after-fork step a
+    fork of the helper would) and exits; it is forked by libc's fork() when the helper has no
+    other thread: the interpreter's own after-fork steps would buy it nothing. A middle process
+    is one more copy of a template's page tables to make and tear down: ~3 ms of CPU per job."""
     sys.stdout.flush()
     sys.stderr.flush()
+    if threading.active_count() == 1 and _SYS_CLONE is not None:
+        sibling = _sibling()
+        if sibling == 0:
+            try:
+                become()
+            except BaseException:
+                os._exit(zygote.SETUP_FAILED)
+            return True
+        if sibling is not None:
+            for fd in fds:
+                os.close(fd)
+            return False
+    zygote_pid = os.getppid()
     middle = _LIBC.fork() if threading.active_count() == 1 else os.fork()
     if middle < 0:
         number = ctypes.get_errno()
@@ -164,6 +185,22 @@ def _fork_through(fds: list[int], become: Callable[[], None]) -> bool:
         os.close(fd)
     os.waitpid(middle, 0)
     return False
+
+
+def _sibling() -> int | None:
+    """`os.fork`, but the child's parent is this process's parent (CLONE_PARENT): its pid here, 0
+    in it, None when the kernel refuses (nothing was forked). Only for a single-threaded process:
+    libc's own fork steps (its locks, the thread id it keeps) are skipped, which is safe only
+    when no other thread can hold them."""
+    api = ctypes.pythonapi
+    api.PyOS_BeforeFork()
+    pid = _LIBC.syscall(ctypes.c_long(_SYS_CLONE), ctypes.c_long(CLONE_PARENT | signal.SIGCHLD), ctypes.c_long(0),
+                        ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0))
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    api.PyOS_AfterFork_Parent()
+    return pid if pid > 0 else None
 
 
 def _reparented(zygote_pid: int) -> None:

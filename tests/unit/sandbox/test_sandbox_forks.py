@@ -6,10 +6,15 @@ job changed went on serving, or if the isolation a plain job gets is not the sam
 from __future__ import annotations
 
 import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import tidal.sandbox
 from tidal.sandbox import SandboxBackend, SandboxResult
 from tidal.sandbox.base import BatchBackend
 from tidal.sandbox.batch import FORKS_FILE, FORKS_SOURCE, Companion, Template, ZygoteJob
@@ -201,3 +206,47 @@ def test_a_templated_job_may_use_all_of_its_processes_beside_the_helpers(bwrap: 
     [result] = batch(bwrap, [templated(bwrap, "six", then=then, pids=6)])
     seen(result)
     assert result is not None and result.stdout_text.splitlines()[1] == "forked 5"
+
+
+SIBLING = """
+import os, random, sys
+sys.path.insert(0, sys.argv[1])
+import zygote_clean
+sys.modules["tidal_zygote_clean"] = zygote_clean
+import zygote
+sys.modules["tidal_zygote"] = zygote
+import zygote_forks
+
+after_fork = []
+os.register_at_fork(after_in_child=lambda: after_fork.append(os.getpid()))
+read, write = os.pipe()
+top = os.getpid()
+helper = os.fork()
+if helper == 0:  # a helper (single-threaded), as a template or the nursery is
+    random.seed(0)
+    child = zygote_forks._sibling()
+    if child == 0:
+        os.write(write, f"{os.getpid()} {os.getppid()} {after_fork[-1] == os.getpid()} {random.random()}\\n".encode())
+        os._exit(7)
+    os.write(write, f"{child}\\n".encode())
+    os._exit(0)
+os.waitpid(helper, 0)
+os.close(write)
+made, reported = sorted(open(read).read().split("\\n")[:2], key=len)
+pid, status = os.wait()  # the helper's child is this process's own
+print(made, reported, pid, os.waitstatus_to_exitcode(status), top, random.Random(0).random() != float(reported.split()[3]))
+"""
+
+
+def test_a_helper_forks_its_processes_as_the_zygotes_children() -> None:
+    # zygote_forks._sibling: clone(2) with CLONE_PARENT instead of a middle process that exits.
+    # The new process is the caller's parent's child (reaped by it, with its exit status), and
+    # took the interpreter's after-fork steps (the fork hooks ran, random was reseeded).
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("zygote_forks knows clone(2)'s number on x86_64 and aarch64 only")
+    folder = str(Path(tidal.sandbox.__file__).parent)
+    done = subprocess.run([sys.executable, "-c", SIBLING, folder], capture_output=True, text=True, timeout=60,
+                          check=True)
+    made, pid, parent, after_hook, _, reaped, status, top, reseeded = done.stdout.split()
+    assert made == pid == reaped and parent == top and status == "7"
+    assert after_hook == "True" and reseeded == "True"

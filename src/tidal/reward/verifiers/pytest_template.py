@@ -190,7 +190,7 @@ def _index_plugins() -> None:
     half of a template's start-up. It acts only on a name whose value is a fixture or wraps
     something (`__wrapped__`), so a module's other names are left out of what it is shown: the
     same fixtures, registered in the same order (`dir`'s, sorted)."""
-    import _pytest.fixtures as fixtures
+    from _pytest import fixtures
 
     definition = getattr(fixtures, "FixtureFunctionDefinition", None)
     if definition is None or "dir" in vars(fixtures):
