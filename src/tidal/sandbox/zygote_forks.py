@@ -148,7 +148,7 @@ def _fork_through(fds: list[int], become: Callable[[], None]) -> bool:
     middle process only forks again (with `os.fork`, so the process gets every after-fork step a
     fork of the helper would) and exits; it is forked by libc's fork() when the helper has no
     other thread: the interpreter's own after-fork steps would buy it nothing. A middle process
-    is one more copy of a template's page tables to make and tear down: ~3 ms of CPU per job."""
+    is one more copy of a template's page tables to make and tear down for every job."""
     sys.stdout.flush()
     sys.stderr.flush()
     if threading.active_count() == 1 and _SYS_CLONE is not None:
