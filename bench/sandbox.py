@@ -464,7 +464,18 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
         '(auto) and 5.79x (in_process), CPU per sample 58.5 and 66.5 ms, against 7.67x and 6.79x, 46.5 and '
         '56.2 ms; at 03:27 UTC 6.46x and 7.21x, 58.8 and 49.2 ms, against 6.89x and 7.56x, 52.9 and 52.7 ms. '
         "So `--tb=line` saves roughly a tenth of a sample's CPU, about the size of this machine's run-to-run "
-        "noise. The aim is 10x. Samples per second depend on the host's load, which slows bare pytest's "
+        "noise. Three changes of the same day (docs/design/sandbox.md, \"Cost\" and \"Templates and companions\"): an answer "
+        "that does not import no longer ends its session through pytest's KeyboardInterrupt report; a zygote "
+        "indexes pytest's plugin modules for the fixture scan that was half of each template's start-up; a "
+        "template or the nursery forks each job's process as the zygote's child (CLONE_PARENT) instead of "
+        "through a middle process. A full run with the first two (05:13 UTC) gave 7.57x (auto; CPU per sample "
+        "43.1 ms vs 356.5 ms), 10.20x (in_process; 40.2 ms vs 321.7 ms) and 6.47x in the shape of RL steps; "
+        "with all three (06:11 UTC) 8.96x (33.8 ms vs 286.9 ms), 9.14x (35.2 ms vs 312.1 ms) and 7.00x. "
+        "Alternating the previous and the new harness file around the bench's own verification functions "
+        "(what `--verify-only` runs): in_process 7.53x and 7.25x before the first change, 8.28x and 8.93x "
+        "after; in the shape of RL steps (auto) 5.89x and 5.95x before the second, 6.63x and 6.56x after. "
+        "The aim is 10x: mode in_process reached it once (05:13 UTC), mode auto, which function-style tasks "
+        "get by default, has not. Samples per second depend on the host's load, which slows bare pytest's "
         "start-up more than the pool's forks (the ratio rises with it), and on this shared machine even the "
         'CPU per sample moves by about 15% from one run to the next (compare the runs above). What a pool '
         'sample still costs is listed in docs/design/sandbox.md, "Cost": mostly pytest\'s own work in the '
