@@ -203,8 +203,8 @@ def _index_plugins() -> None:
             return True
 
     for name, module in list(sys.modules.items()):
-        if isinstance(module, types.ModuleType) and name.split(".")[0] in ("pytest", "_pytest", "pluggy") \
-                or name.startswith("tidal_"):
+        if isinstance(module, types.ModuleType) and (name.split(".")[0] in ("pytest", "_pytest", "pluggy")
+                                                     or name.startswith("tidal_")):
             namespace = vars(module)
             if "__dir__" not in namespace:
                 names = sorted(key for key, value in namespace.items() if acts_on(value))
