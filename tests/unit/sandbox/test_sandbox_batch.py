@@ -110,6 +110,46 @@ def test_each_job_has_its_own_limits_and_clock(bwrap: SandboxBackend) -> None:
     assert results[2] is not None and results[2].stdout_text == "fine\n"
 
 
+def test_output_read_in_passes_arrives_whole_or_capped_and_never_holds_a_job_up(bwrap: SandboxBackend) -> None:
+    """A job's streams are read every few ms while it runs (batch.BATCH_S): what a job writes in
+    lines, in bursts past a pipe's size, or after it closed its report, all arrives, in order."""
+    from tidal.sandbox.base import OUTPUT_CAP_BYTES
+
+    lines = (
+        "import os, socket, sys, time\n"
+        "channel = socket.socket(fileno=int(os.environ['TIDAL_REPORT_FD']))\n"
+        "channel.recv(100)\n"
+        "for i in range(60):\n"
+        "    channel.sendall(f'event {i}\\n'.encode())\n"
+        "    print(f'line {i}', flush=True)\n"
+        "    if i % 20 == 0:\n"
+        "        time.sleep(0.03)\n"
+        "channel.close()\n"
+        "print('after the report', file=sys.stderr)\n"
+    )
+    burst = (
+        "import os, socket, sys\n"
+        "channel = socket.socket(fileno=int(os.environ['TIDAL_REPORT_FD']))\n"
+        "channel.recv(100)\n"
+        "channel.sendall(b'r' * (3 << 20))\n"
+        "sys.stdout.write('o' * (3 << 20))\n"
+        "sys.stdout.flush()\n"
+        "sys.stderr.write('e' * 100)\n"
+    )
+    assert isinstance(bwrap, BatchBackend)
+    results = bwrap.run_batch([job(bwrap, lines, report=b"n", timeout_s=10), job(bwrap, burst, report=b"n", timeout_s=10)])
+    first, second = results
+    assert first is not None and first.status is SandboxStatus.OK, first
+    assert first.report.decode().splitlines() == [f"event {i}" for i in range(60)]
+    assert first.stdout_text.splitlines() == [f"line {i}" for i in range(60)]
+    assert first.stderr_text == "after the report\n" and not first.stdout_truncated
+    assert second is not None and second.status is SandboxStatus.OK, second
+    assert second.report == b"r" * (3 << 20) and not second.report_truncated
+    assert second.stdout == b"o" * OUTPUT_CAP_BYTES and second.stdout_truncated
+    assert second.stderr == b"e" * 100 and not second.stderr_truncated
+    assert second.wall_s < 5
+
+
 def test_process_limit_matches_a_single_run(bwrap: SandboxBackend) -> None:
     code = (
         "import os, time\nforked = 0\n"
