@@ -58,6 +58,13 @@ from typing import Any
 import pytest
 
 LONGREPR_CAP = 2000
+EXCEPTION_GROUPS: tuple[type, ...] = tuple(t for t in [getattr(sys.modules["builtins"], "BaseExceptionGroup", None)] if t)
+try:  # pytest's internals for the report of a failed test (`pytest_runtest_makereport_line`); an image's pytest may lack them
+    from _pytest._code import code as _code
+    from _pytest.outcomes import OutcomeException
+    _FORMATTER = getattr(_code, "ExceptionInfoFormatter", None) or getattr(_code, "FormattedExcinfo", None)
+except ImportError:
+    _code, _FORMATTER = None, None  # type: ignore[assignment]
 MAX_FINDINGS = 20
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
@@ -507,6 +514,41 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
     _reporter.emit("phase", nodeid=item.nodeid, when=call.when, ok=excinfo is None,
                    exception=exception, xfail=xfail, longrepr=longrepr)
     return report
+
+
+@pytest.hookimpl(tryfirst=True, specname="pytest_runtest_makereport")
+def pytest_runtest_makereport_line(item: Any, call: Any) -> Any:
+    """The report of a test function whose call failed, as pytest's own with `--tb=line`, without
+    the work that style throws away: pytest finds the frames of the traceback it would show (the
+    path of each of the ~20 frames above the test, looked up on disk) and formats each, to print
+    only the exception. That was about half of a failing test's report. Anything else (set-up
+    and tear-down, other styles, skips, `pytest.fail`, chained exceptions, unittest cases, a test
+    whose own frame is hidden) is left to pytest; None passes the call on."""
+    excinfo = call.excinfo
+    if (excinfo is None or _FORMATTER is None or call.when != "call" or type(item) is not pytest.Function
+            or item.config.getoption("tbstyle", "auto") != "line" or item.config.getoption("fulltrace", False)):
+        return None
+    try:
+        value = excinfo.value
+        if (not isinstance(excinfo, _code.ExceptionInfo)
+                or isinstance(value, (OutcomeException, *EXCEPTION_GROUPS, RecursionError))
+                or value.__cause__ is not None or (value.__context__ is not None and not value.__suppress_context__)):
+            return None
+        test_code = getattr(getattr(item, "obj", None), "__code__", None)
+        if not any(entry.frame.code.raw is test_code and not entry.ishidden(excinfo) for entry in excinfo.traceback):
+            return None  # pytest would say that every entry is hidden
+        crash = excinfo._getreprcrash()
+        if crash is None:
+            return None
+        lines = _FORMATTER(style="line").get_exconly(excinfo, indent=4)
+        entry = _code.ReprEntry(lines, None, None, None, "line")
+        longrepr = _code.ExceptionChainRepr([(_code.ReprTraceback([entry], None, style="line"), crash, None)])
+    except Exception:  # noqa: BLE001 - other internals, or an exception that does not print: pytest's own
+        return None
+    sections = [(f"Captured {key} {when}", content) for when, key, content in item._report_sections]
+    return pytest.TestReport(item.nodeid, item.location, dict.fromkeys(item.keywords, 1), "failed", longrepr,
+                             call.when, sections, call.duration, call.start, call.stop,
+                             user_properties=item.user_properties)
 
 
 @pytest.hookimpl(trylast=True)
