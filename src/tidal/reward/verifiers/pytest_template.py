@@ -160,13 +160,17 @@ def _warm(session: Any) -> None:
 
 def _warm_zygote() -> None:
     """`_warm`'s share that needs no session, once in the zygote for all its templates (most of it:
-    inspect's index of the modules the zygote preloaded)."""
+    inspect's index of the modules the zygote preloaded, and the regular expressions `tokenize`
+    compiles the first time pytest quotes the source of a traceback entry: ~13 ms of an answer's
+    process that does not import, whose report quotes each frame of the import)."""
     try:
         _probe()
     except AssertionError as error:
         from _pytest._code import ExceptionInfo
 
-        str(ExceptionInfo.from_exception(error).getrepr(style="line"))
+        info = ExceptionInfo.from_exception(error)
+        str(info.getrepr(style="line"))
+        str(info.getrepr(style="short"))
     _index_modules()
 
 
