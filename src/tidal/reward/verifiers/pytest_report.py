@@ -535,7 +535,8 @@ def pytest_runtest_makereport_line(item: Any, call: Any) -> Any:
                 or value.__cause__ is not None or (value.__context__ is not None and not value.__suppress_context__)):
             return None
         test_code = getattr(getattr(item, "obj", None), "__code__", None)
-        if not any(entry.frame.code.raw is test_code and not entry.ishidden(excinfo) for entry in excinfo.traceback):
+        entries = reversed(excinfo.traceback)  # the test's frame is among the last
+        if not any(entry.frame.code.raw is test_code and not entry.ishidden(excinfo) for entry in entries):
             return None  # pytest would say that every entry is hidden
         crash = excinfo._getreprcrash()
         if crash is None:

@@ -1,0 +1,207 @@
+"""Where a warm pool's verification CPU goes, per sample: the host, the zygotes, their helpers,
+the answers' jobs and the templates.
+
+`bench/sandbox.py` measures the pool against bare pytest; this script splits the pool's side. It
+scores the `code` family's answers (bench/scoring.py `variants`) with `Scorer.score_many` on a warm
+pool of --workers zygotes, one kind of answer at a time (right, wrong: `return 0`, does not import:
+a syntax error), --per-task copies of it for each of --tasks tasks per round, and reads the CPU of
+every process below this one from /proc before and after the timed rounds:
+
+- host: this process (the scorer, the pool's threads, reading and judging each job's report);
+- zygotes: the zygotes' own work (forks, sweeps between jobs, messages);
+- helpers: the zygotes' live helper processes (the nursery, the current templates);
+- jobs: what the zygotes report as each job's CPU (`SandboxResult.cpu_s`: the answer's pytest
+  process and, out of process, the answer's process, with everything they started), summed;
+- templates and the rest: what the zygotes reaped beyond the jobs (the templates that served the
+  rounds' tasks, one per task and round here, and processes reaped outside a job's accounting),
+  also shown per template started.
+
+The bwrap processes above the zygotes are counted with the helpers. Medians over --repeats rounds
+of each kind, in milliseconds per sample; the section "## Sandbox pool: where a sample's CPU
+goes" of bench/RESULTS.md gets the table unless --no-write.
+
+    python bench/sandbox_costs.py                      # both modes, about two minutes on 2 cores
+    python bench/sandbox_costs.py --modes in_process --repeats 1 --no-write   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from results_md import machine, write_section  # noqa: E402
+from scoring import variants  # noqa: E402
+
+SECTION = "## Sandbox pool: where a sample's CPU goes"
+KINDS = {"right": 0, "wrong (return 0)": 2, "does not import": 5}  # index into scoring.variants
+PARTS = ("host", "zygotes", "helpers", "jobs", "templates and the rest")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", nargs="+", default=["out_of_process", "in_process"],
+                        help="python_tests modes (default: out_of_process in_process)")
+    parser.add_argument("--tasks", type=int, default=6, help="code tasks per round (default 6)")
+    parser.add_argument("--per-task", type=int, default=8, help="answers per task and round (default 8)")
+    parser.add_argument("--workers", type=int, default=2, help="pool size (default 2)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds per kind (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the task generator")
+    parser.add_argument("--traceback", default=None, help="python_tests verifier arg `traceback` (default: the verifier's)")
+    parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"), help="file to update")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    return parser.parse_args(argv)
+
+
+def process_tree() -> dict[int, tuple[int, float, float]]:
+    """Each live process below this one (this one included): (depth, own CPU s, reaped children's CPU s)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                data = Path(f"/proc/{entry}/stat").read_bytes()
+            except OSError:
+                continue
+            fields = data[data.rindex(b")") + 2:].split()
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+                                 (int(fields[13]) + int(fields[14])) / tick)
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    found: dict[int, tuple[int, float, float]] = {}
+    pending = [(os.getpid(), 0)]
+    while pending:
+        pid, depth = pending.pop()
+        if pid in stats:
+            found[pid] = (depth, stats[pid][1], stats[pid][2])
+            pending += [(child, depth + 1) for child in children.get(pid, [])]
+    return found
+
+
+def zygote_depth(tree: dict[int, tuple[int, float, float]]) -> int:
+    """The depth of the zygotes below this process: the shallowest Python processes that run
+    tidal_zygote (the bwrap processes above them name it among their arguments)."""
+    depths = []
+    for pid, (depth, _, _) in tree.items():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if Path(argv[0].decode()).name.startswith("python") and any(b"tidal_zygote" in arg for arg in argv):
+                depths.append(depth)
+        except OSError:
+            continue
+    if not depths:
+        raise SystemExit("no zygote found below this process: is the bwrap backend available?")
+    return min(depths)
+
+
+def split(before: dict[int, tuple[int, float, float]], after: dict[int, tuple[int, float, float]], zygotes: int,
+          jobs_s: float, samples: int) -> dict[str, float]:
+    """Milliseconds per sample of each part of PARTS between two `process_tree` readings."""
+    def delta(keep: Callable[[int], bool], field: int) -> float:
+        return sum(values[field] - (before[pid][field] if pid in before else 0.0)
+                   for pid, values in after.items() if keep(values[0]))
+
+    reaped = delta(lambda depth: depth == zygotes, 2)
+    parts = {
+        "host": delta(lambda depth: depth == 0, 1),
+        "zygotes": delta(lambda depth: depth == zygotes, 1),
+        "helpers": delta(lambda depth: depth != 0 and depth != zygotes, 1),
+        "jobs": jobs_s,
+        "templates and the rest": reaped - jobs_s,
+    }
+    return {name: value * 1000 / samples for name, value in parts.items()}
+
+
+def measure(args: argparse.Namespace, mode: str) -> dict[str, dict[str, float]]:
+    """Per kind of answer: the medians of PARTS, their total, and templates started per round."""
+    from sandbox import code_tasks  # bench/sandbox.py
+
+    from tidal.config.schema import RewardConfig, SandboxConfig
+    from tidal.reward import Scorer
+    from tidal.sandbox import batch
+    from tidal.tasks import reference_answer
+
+    jobs: list[float] = []
+    templates: list[str] = []
+    run_job, open_template = batch.BatchDriver._run_job, batch.BatchDriver._open_template
+
+    def counted_job(self: Any, *rest: Any, **options: Any) -> Any:
+        result = run_job(self, *rest, **options)
+        jobs.append(result.cpu_s or 0.0)
+        return result
+
+    def counted_template(self: Any, job: Any, template: Any, *rest: Any) -> Any:
+        templates.append(template.key)
+        return open_template(self, job, template, *rest)
+
+    batch.BatchDriver._run_job, batch.BatchDriver._open_template = counted_job, counted_template  # type: ignore[method-assign]
+    rows: dict[str, dict[str, float]] = {}
+    try:
+        tasks = code_tasks(args, mode, args.tasks)
+        with Scorer(RewardConfig(sandbox=SandboxConfig(workers=args.workers), cache=False)) as scorer:
+            scorer.score_many([(task, answer) for task in tasks for answer in variants(reference_answer(task))])
+            zygotes = zygote_depth(process_tree())
+            for kind, index in KINDS.items():
+                items = [(task, variants(reference_answer(task))[index]) for task in tasks for _ in range(args.per_task)]
+                rounds: list[dict[str, float]] = []
+                started: list[int] = []
+                for _ in range(args.repeats):
+                    jobs.clear()
+                    templates.clear()
+                    before = process_tree()
+                    scorer.score_many(items)
+                    rounds.append(split(before, process_tree(), zygotes, sum(jobs), len(items)))
+                    started.append(len(templates))
+                row = {name: statistics.median(r[name] for r in rounds) for name in PARTS}
+                row["total"] = statistics.median(sum(r.values()) for r in rounds)
+                row["templates"] = statistics.median(started)
+                row["per template"] = row["templates and the rest"] * len(items) / max(1.0, row["templates"])
+                rows[kind] = row
+                print(f"{mode:14s} {kind:18s} " + ", ".join(f"{name} {row[name]:.1f}" for name in (*PARTS, "total"))
+                      + f" ms/sample; {row['templates']:.0f} templates, {row['per template']:.0f} ms each")
+    finally:
+        batch.BatchDriver._run_job, batch.BatchDriver._open_template = run_job, open_template  # type: ignore[method-assign]
+    return rows
+
+
+def section(args: argparse.Namespace, results: dict[str, dict[str, dict[str, float]]], load: str) -> str:
+    lines = [
+        SECTION, "",
+        (f"Where the CPU of a warm pool's verification goes, per sample (`bench/sandbox_costs.py`; the pool against "
+        f"bare pytest is \"Sandbox pool\" above). {args.tasks} `code` tasks x {args.per_task} copies of one kind of "
+        f"answer per round, {args.workers} zygotes, medians of {args.repeats} rounds per kind after a warm-up; every "
+        f"round starts each task's template anew (a zygote holds one template at a time). Jobs: the CPU each job's "
+        f"zygote reports for it (the answer's pytest process and, out of process, the answer's process); templates "
+        f"and the rest: what the zygotes reaped beyond the jobs."), "",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- machine: {machine()}; load average (1 min) at the start: {load}",
+        f"- command: `python bench/sandbox_costs.py{' --no-write' if args.no_write else ''}`", "",
+        "| mode | answers | host | zygotes | helpers | jobs | templates and the rest | total | per template |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, rows in results.items():
+        for kind, row in rows.items():
+            lines.append(f"| {mode} | {kind} | " + " | ".join(f"{row[name]:.1f}" for name in (*PARTS, "total"))
+                         + f" | {row['per template']:.0f} |")
+    lines += ["", "Milliseconds of CPU per sample (per template: per template started)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    load = f"{os.getloadavg()[0]:.1f}"
+    results = {mode: measure(args, mode) for mode in args.modes}
+    if not args.no_write:
+        write_section(args.results, SECTION, section(args, results, load))
+        print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
