@@ -474,8 +474,13 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
         "Alternating the previous and the new harness file around the bench's own verification functions "
         "(what `--verify-only` runs): in_process 7.53x and 7.25x before the first change, 8.28x and 8.93x "
         "after; in the shape of RL steps (auto) 5.89x and 5.95x before the second, 6.63x and 6.56x after. "
-        "The aim is 10x: mode in_process reached it once (05:13 UTC), mode auto, which function-style tasks "
-        "get by default, has not. Samples per second depend on the host's load, which slows bare pytest's "
+        "Three more changes of the same day: the host reads a job's output and report every 10 ms instead "
+        "of at each line; the report plugin builds a failed test's `--tb=line` report without pytest's walk of "
+        "the whole traceback; the zygote's warm-up compiles what pytest needs to quote a source line. A full "
+        "run with the first two (08:50 UTC) gave 8.93x (auto; 34.0 ms vs 285.6 ms), 10.49x (in_process; 30.4 "
+        "ms vs 282.3 ms) and 7.11x in the shape of RL steps; bench/sandbox_costs.py (its section below) splits "
+        "the pool's side. The aim is 10x: mode in_process reached it at 05:13 and 08:50 UTC, mode auto, which "
+        "function-style tasks get by default, has not (8.9-9.0x in the last three runs). Samples per second depend on the host's load, which slows bare pytest's "
         "start-up more than the pool's forks (the ratio rises with it), and on this shared machine even the "
         'CPU per sample moves by about 15% from one run to the next (compare the runs above). What a pool '
         'sample still costs is listed in docs/design/sandbox.md, "Cost": mostly pytest\'s own work in the '

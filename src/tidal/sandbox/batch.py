@@ -331,7 +331,7 @@ class BatchDriver:
         are closed (or have been drained for DRAIN_S after it; not at all when `drain(message)` is
         false); the message. With `batch_s`, `streams` are read every `batch_s` until the message
         (whatever they hold then) rather than whenever a line arrives: a job writes its report a line
-        at a time, and a wake-up of this thread for each was a tenth of the host's work per job."""
+        at a time, and this thread woke up (and the job's process waited for a core) for each."""
         selector = selectors.DefaultSelector()
         open_streams = dict(streams)
         batched = dict(streams) if batch_s > 0 else {}  # read in passes until the message
