@@ -148,11 +148,12 @@ if indexed:
     pytest_template._index_plugins()
     import _pytest.fixtures
     assert _pytest.fixtures.dir is pytest_template._scan_names
-    served = []
+    served, objects = [], []
     original = pytest_template._scan_names
     def counting(holder):
         names = original(holder)
         served.append(pytest_template._SCANNED.get(id(holder), (None,))[0] is holder)
+        objects.append(not isinstance(holder, type) and type(holder) in pytest_template._SCANNED_TYPES)
         return names
     _pytest.fixtures.dir = counting
 
@@ -165,7 +166,7 @@ class Record:
 
 record = Record()
 code = pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[2]], plugins=[record])
-print(repr((int(code), record.defs, record.autouse, sum(served) if indexed else None)))
+print(repr((int(code), record.defs, record.autouse, (sum(served), sum(objects)) if indexed else None)))
 """
 
 
@@ -181,8 +182,9 @@ def test_the_zygote_index_of_plugin_fixtures_registers_what_a_full_scan_does(tmp
         done = subprocess.run([sys.executable, "-c", FIXTURE_SCAN, src, str(tests), mode], capture_output=True,
                               text=True, cwd=tmp_path, timeout=120, check=False)
         runs[mode] = ast.literal_eval(done.stdout.strip().splitlines()[-1])
-    (code, defs, autouse, _), (code2, defs2, autouse2, served) = runs["plain"], runs["indexed"]
+    (code, defs, autouse, _), (code2, defs2, autouse2, (served, objects)) = runs["plain"], runs["indexed"]
     assert code == code2 == 0
     assert defs2 == defs and autouse2 == autouse
     assert {"tmp_path", "capsys", "monkeypatch", "base"} <= {d[0] for d in defs}
     assert served >= 20  # pytest's own plugin modules came from the index
+    assert objects >= 5  # and plugin objects (the session, the terminal reporter, ...) from their classes' index

@@ -175,6 +175,9 @@ def _warm_zygote() -> None:
 
 
 _SCANNED: dict[int, tuple[types.ModuleType, int, list[str]]] = {}  # id -> (module, size of its namespace, names)
+# A plugin object's class -> the names the scan acts on for its instances: the scan reads each name
+# from the class (`_lookup_in_type_dict`, `safe_getattr(type(holder), name)`), never the instance.
+_SCANNED_TYPES: dict[type, list[str]] = {}
 
 
 def _scan_names(holder: object) -> list[str]:
@@ -184,6 +187,10 @@ def _scan_names(holder: object) -> list[str]:
     entry = _SCANNED.get(id(holder))
     if entry is not None and entry[0] is holder and len(vars(holder)) == entry[1]:
         return list(entry[2])
+    kind = type(holder)
+    names = _SCANNED_TYPES.get(kind) if not isinstance(holder, type) else None
+    if names is not None:
+        return list(names)
     return dir(holder)
 
 
@@ -213,7 +220,29 @@ def _index_plugins() -> None:
             if "__dir__" not in namespace:
                 names = sorted(key for key, value in namespace.items() if acts_on(value))
                 _SCANNED[id(module)] = (module, len(namespace), names)
+            for value in list(namespace.values()):
+                if isinstance(value, type) and value.__module__ == name and value not in _SCANNED_TYPES:
+                    _index_type(value, acts_on)
     fixtures.dir = _scan_names  # type: ignore[attr-defined]  # the module's own `dir` from now on
+
+
+def _index_type(kind: type, acts_on: Any) -> None:
+    """Index the instances of a plugin class (see `_index_plugins`): the names of its classes'
+    namespaces whose value, raw or read from the class, the scan acts on. Not for a class with its
+    own `__dir__`, `__getattr__` or `__getattribute__`, or a metaclass of its own."""
+    if type(kind) is not type or any(
+            hook in vars(base) for base in kind.__mro__[:-1] for hook in ("__dir__", "__getattr__", "__getattribute__")):
+        return
+    names = set()
+    for base in kind.__mro__:
+        for key, raw in vars(base).items():
+            try:
+                read = getattr(kind, key, None)
+            except Exception:  # noqa: BLE001 - a descriptor that fails on the class: let the scan see it
+                read = raw
+            if acts_on(raw) or acts_on(read):
+                names.add(key)
+    _SCANNED_TYPES[kind] = sorted(names)
 
 
 if "tidal_zygote" in sys.modules:  # imported by a zygote, which preloads this module
