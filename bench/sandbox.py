@@ -479,8 +479,9 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
         "the whole traceback; the zygote's warm-up compiles what pytest needs to quote a source line. A full "
         "run with the first two (08:50 UTC) gave 8.93x (auto; 34.0 ms vs 285.6 ms), 10.49x (in_process; 30.4 "
         "ms vs 282.3 ms) and 7.11x in the shape of RL steps; bench/sandbox_costs.py (its section below) splits "
-        "the pool's side. The aim is 10x: mode in_process reached it at 05:13 and 08:50 UTC, mode auto, which "
-        "function-style tasks get by default, has not (8.9-9.0x in the last three runs). Samples per second depend on the host's load, which slows bare pytest's "
+        "the pool's side; the run above has all three. The aim is 10x: mode in_process reached it at 05:13, "
+        "08:50 and 08:57 UTC, mode auto, which function-style tasks get by default, has not (8.8-9.0x in the "
+        "last three runs). Samples per second depend on the host's load, which slows bare pytest's "
         "start-up more than the pool's forks (the ratio rises with it), and on this shared machine even the "
         'CPU per sample moves by about 15% from one run to the next (compare the runs above). What a pool '
         'sample still costs is listed in docs/design/sandbox.md, "Cost": mostly pytest\'s own work in the '
