@@ -521,7 +521,7 @@ def pytest_runtest_makereport_line(item: Any, call: Any) -> Any:
     """The report of a test function whose call failed, as pytest's own with `--tb=line`, without
     the work that style throws away: pytest finds the frames of the traceback it would show (the
     path of each of the ~20 frames above the test, looked up on disk) and formats each, to print
-    only the exception. That was about half of a failing test's report. Anything else (set-up
+    only the exception. Anything else (set-up
     and tear-down, other styles, skips, `pytest.fail`, chained exceptions, unittest cases, a test
     whose own frame is hidden) is left to pytest; None passes the call on."""
     excinfo = call.excinfo

@@ -161,8 +161,8 @@ def _warm(session: Any) -> None:
 def _warm_zygote() -> None:
     """`_warm`'s share that needs no session, once in the zygote for all its templates (most of it:
     inspect's index of the modules the zygote preloaded, and the regular expressions `tokenize`
-    compiles the first time pytest quotes the source of a traceback entry: ~13 ms of an answer's
-    process that does not import, whose report quotes each frame of the import)."""
+    compiles the first time pytest quotes the source of a traceback entry, which the report of an
+    answer that does not import does for each frame of the import)."""
     try:
         _probe()
     except AssertionError as error:
@@ -175,22 +175,24 @@ def _warm_zygote() -> None:
 
 
 _SCANNED: dict[int, tuple[types.ModuleType, int, list[str]]] = {}  # id -> (module, size of its namespace, names)
-# A plugin object's class -> the names the scan acts on for its instances: the scan reads each name
-# from the class (`_lookup_in_type_dict`, `safe_getattr(type(holder), name)`), never the instance.
-_SCANNED_TYPES: dict[type, list[str]] = {}
+# A plugin object's class -> (the sizes of its classes' namespaces, the names the scan acts on for
+# its instances): the scan reads each name from the class (`_lookup_in_type_dict`,
+# `safe_getattr(type(holder), name)`), never from the instance.
+_SCANNED_TYPES: dict[type, tuple[tuple[int, ...], list[str]]] = {}
 
 
 def _scan_names(holder: object) -> list[str]:
     """`dir` as pytest's fixture scan (`FixtureManager.parsefactories`) sees it once a zygote has
-    indexed the plugin modules: for an indexed module whose namespace has not changed size, only
-    the names the scan acts on; for anything else, `dir` itself."""
+    indexed the plugin modules: for an indexed module whose namespace has not changed size, or an
+    object of an indexed class whose classes' namespaces have not, only the names the scan acts
+    on; for anything else, `dir` itself."""
     entry = _SCANNED.get(id(holder))
     if entry is not None and entry[0] is holder and len(vars(holder)) == entry[1]:
         return list(entry[2])
     kind = type(holder)
-    names = _SCANNED_TYPES.get(kind) if not isinstance(holder, type) else None
-    if names is not None:
-        return list(names)
+    indexed = _SCANNED_TYPES.get(kind) if not isinstance(holder, type) else None
+    if indexed is not None and indexed[0] == tuple(len(vars(base)) for base in kind.__mro__):
+        return list(indexed[1])
     return dir(holder)
 
 
@@ -242,7 +244,7 @@ def _index_type(kind: type, acts_on: Any) -> None:
                 read = raw
             if acts_on(raw) or acts_on(read):
                 names.add(key)
-    _SCANNED_TYPES[kind] = sorted(names)
+    _SCANNED_TYPES[kind] = (tuple(len(vars(base)) for base in kind.__mro__), sorted(names))
 
 
 if "tidal_zygote" in sys.modules:  # imported by a zygote, which preloads this module
