@@ -93,11 +93,12 @@ def interleaved(runs: dict[str, Callable[[], Any]], repeats: int,
     return seconds
 
 
-def tree_cpu_s() -> dict[int, float]:
-    """CPU seconds (user + system, own and reaped children's) of this process and each live process
-    below it, from /proc: the warm sandboxes' processes are this process's descendants."""
+def process_tree() -> dict[int, tuple[int, float, float]]:
+    """This process and each live process below it, from /proc (the warm sandboxes' processes are
+    this process's descendants): pid -> (depth below this process, own CPU seconds, CPU seconds of
+    the children it reaped), user + system."""
     tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}
+    stats: dict[int, tuple[int, float, float]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -105,17 +106,25 @@ def tree_cpu_s() -> dict[int, float]:
             except OSError:
                 continue
             fields = data[data.rindex(b")") + 2:].split()
-            stats[int(entry)] = (int(fields[1]), sum(map(int, fields[11:15])) / tick)
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+                                 (int(fields[13]) + int(fields[14])) / tick)
     children: dict[int, list[int]] = {}
-    for pid, (parent, _) in stats.items():
+    for pid, (parent, _, _) in stats.items():
         children.setdefault(parent, []).append(pid)
-    found, pending = {}, [os.getpid()]
+    found: dict[int, tuple[int, float, float]] = {}
+    pending = [(os.getpid(), 0)]
     while pending:
-        pid = pending.pop()
+        pid, depth = pending.pop()
         if pid in stats:
-            found[pid] = stats[pid][1]
-            pending += children.get(pid, [])
+            found[pid] = (depth, stats[pid][1], stats[pid][2])
+            pending += [(child, depth + 1) for child in children.get(pid, [])]
     return found
+
+
+def tree_cpu_s() -> dict[int, float]:
+    """CPU seconds (user + system, own and reaped children's) of this process and each live process
+    below it (`process_tree`)."""
+    return {pid: own + reaped for pid, (_, own, reaped) in process_tree().items()}
 
 
 def image_interpreter() -> tuple[str, dict[str, str]]:

@@ -37,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from results_md import machine, write_section  # noqa: E402
+from sandbox import code_tasks, process_tree  # noqa: E402  # bench/sandbox.py
 from scoring import variants  # noqa: E402
 
 SECTION = "## Sandbox pool: where a sample's CPU goes"
@@ -57,32 +58,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"), help="file to update")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     return parser.parse_args(argv)
-
-
-def process_tree() -> dict[int, tuple[int, float, float]]:
-    """Each live process below this one (this one included): (depth, own CPU s, reaped children's CPU s)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float, float]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                data = Path(f"/proc/{entry}/stat").read_bytes()
-            except OSError:
-                continue
-            fields = data[data.rindex(b")") + 2:].split()
-            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
-                                 (int(fields[13]) + int(fields[14])) / tick)
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _, _) in stats.items():
-        children.setdefault(parent, []).append(pid)
-    found: dict[int, tuple[int, float, float]] = {}
-    pending = [(os.getpid(), 0)]
-    while pending:
-        pid, depth = pending.pop()
-        if pid in stats:
-            found[pid] = (depth, stats[pid][1], stats[pid][2])
-            pending += [(child, depth + 1) for child in children.get(pid, [])]
-    return found
 
 
 def zygote_depth(tree: dict[int, tuple[int, float, float]]) -> int:
@@ -121,7 +96,6 @@ def split(before: dict[int, tuple[int, float, float]], after: dict[int, tuple[in
 
 def measure(args: argparse.Namespace, mode: str) -> dict[str, dict[str, float]]:
     """Per kind of answer: the medians of PARTS, their total, and templates started per round."""
-    from sandbox import code_tasks  # bench/sandbox.py
 
     from tidal.config.schema import RewardConfig, SandboxConfig
     from tidal.reward import Scorer
