@@ -59,7 +59,8 @@ import pytest
 
 LONGREPR_CAP = 2000
 EXCEPTION_GROUPS: tuple[type, ...] = tuple(t for t in [getattr(sys.modules["builtins"], "BaseExceptionGroup", None)] if t)
-try:  # pytest's internals for the report of a failed test (`pytest_runtest_makereport_line`); an image's pytest may lack them
+# pytest's internals for the report of a failed test (`pytest_runtest_makereport_line`); an image's pytest may lack them.
+try:
     from _pytest._code import code as _code
     from _pytest.outcomes import OutcomeException
     _FORMATTER = getattr(_code, "ExceptionInfoFormatter", None) or getattr(_code, "FormattedExcinfo", None)
