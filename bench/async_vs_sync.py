@@ -199,7 +199,9 @@ def report(args: argparse.Namespace, sides: dict[str, dict[str, Any]], command: 
         lines.append(
             f"- {name} per step: {side['step_s']:.2f} s; generate {side['generate_s']:.2f} s and score"
             f" {side['score_s']:.2f} s (overlapped), trainer idle {fmt(side['trainer_idle_s'])} s, scorer idle"
-            f" {fmt(side['scorer_idle_s'])} s, sampler idle {fmt(side['sampler_idle_s'])} s."
+            f" {fmt(side['scorer_idle_s'])} s, sampler idle {fmt(side['sampler_idle_s'])} s; the staleness bound's"
+            f" chain at these stage times, (generate + score + train) / (max_staleness + 1):"
+            f" {chain_s(side, args.max_staleness):.2f} s."
         )
     if "async-local" in sides and "async-ray" in sides:
         local, ray = sides["async-local"], sides["async-ray"]
@@ -220,6 +222,13 @@ def report(args: argparse.Namespace, sides: dict[str, dict[str, Any]], command: 
             "",
         ]
     return "\n".join(lines)
+
+
+def chain_s(side: dict[str, Any], max_staleness: int) -> float:
+    """The shortest step the staleness bound allows at one side's stage times: batch b + s + 1 is
+    not generated before batch b is trained, so each s + 1 steps hold one generate, one score and
+    one train of a batch one after another."""
+    return (side["generate_s"] + side["score_s"] + side["train_s"]) / (max_staleness + 1)
 
 
 def section_name(args: argparse.Namespace) -> str:
