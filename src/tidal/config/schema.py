@@ -336,6 +336,11 @@ class PipelineConfig(Section):
     scorer_workers: int = Field(
         1, ge=1, le=256, description="async mode: scorers sharing each batch (each with sandbox.workers sandboxes)"
     )
+    scoring_depth: int = Field(
+        2, ge=1, le=8,
+        description="async mode: batches scored at once, in step order all the same: the next batch's answers take "
+        "the sandboxes the last one's slowest answers leave free. 1 = one batch after another",
+    )
     worker_restarts: int = Field(
         3, ge=0, le=1000,
         description="ray backend: restarts of a dead rollout or scorer actor (its call in flight is retried); "

@@ -5,6 +5,9 @@
     trainer (caller): queue -> update -> mark_trained -> publish weights -> checkpoint -> metrics
 
 So while batch `b` is scored in sandboxes, batch `b + 1` is generated and batch `b - 1` trained.
+The scorer thread scores up to `pipeline.scoring_depth` batches at once (each on a thread of its
+own), so batch `b + 1`'s answers take the sandboxes batch `b`'s slowest answers leave free; the
+gate, the watch, the curricula and the store still see the batches one at a time, in step order.
 Batch `b` is what the synchronous loop calls step `b` (same tasks from the mixer, same sampling
 seed, same trajectory ids) and the trainer trains it at step `b`, after `b` updates. A batch
 generated with weight version `v` is therefore `b - v` updates stale when trained. Admission
@@ -56,7 +59,7 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,9 +68,10 @@ from tidal.pipeline.loop import (
     LoopParts,
     StepCallback,
     domain_priority,
+    gate_scored,
     plan_chunks,
     save_rl_checkpoint,
-    score_and_gate,
+    score_episodes,
     step_metrics,
 )
 from tidal.pipeline.scheduler import (
@@ -85,6 +89,7 @@ from tidal.types import Episode, Task
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how often a waiting thread looks at the stop flag
+PENDING_POLL_S = 0.01  # how often the scorer thread, waiting for a batch's scores, looks for the next batch
 
 
 class StalenessError(RuntimeError):
@@ -293,8 +298,31 @@ def _chunk_sampler(tasks: list[Task], step: int, publication: Publication, posit
     return lambda worker, cancel: worker.sample(tasks, step, publication, positions, cancel)
 
 
+class _Scoring(threading.Thread):
+    """One batch's scores (`score_episodes`), on a thread of its own."""
+
+    def __init__(self, parts: LoopParts, sampled: SampledBatch) -> None:
+        super().__init__(name=f"tidal-scoring-{sampled.step}", daemon=True)
+        self.parts, self.sampled = parts, sampled
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            score_episodes(self.parts, self.sampled.episodes, self.sampled.tasks_by_id, self.sampled.timings)
+        except BaseException as error:  # noqa: BLE001 - the scorer thread hands it to the trainer
+            self.error = error
+        finally:
+            self.done.set()
+
+
 class _ScorerThread(threading.Thread):
-    """Scores, gates and stores the sampler's batches in order and queues them for the trainer."""
+    """Scores, gates and stores the sampler's batches in order and queues them for the trainer.
+
+    Up to `pipeline.scoring_depth` batches are scored at once (`_Scoring`), so the next batch's
+    answers start on the sandboxes that the last one's slowest answers leave free; gating, the
+    watch, the curricula and the store take the batches one at a time, in step order."""
 
     def __init__(
         self, parts: LoopParts, mixer_lock: threading.Lock, store: TrajectoryStore, store_lock: threading.Lock,
@@ -305,31 +333,52 @@ class _ScorerThread(threading.Thread):
         self.parts = dataclasses.replace(parts, mixer=_LockedMixer(parts.mixer, mixer_lock))
         self.mixer, self.mixer_lock = parts.mixer, mixer_lock
         self.store, self.store_lock, self.sampled, self.out, self.stop = store, store_lock, sampled, out, stop
+        self.depth = parts.config.pipeline.scoring_depth
 
     def run(self) -> None:
+        pending: deque[_Scoring] = deque()
         try:
-            waited: float | None = 0.0  # for room in the trainer's queue; counted in the next batch
-            mark = time.perf_counter()
+            idle_since: float | None = time.perf_counter()  # when the last batch's scoring ended
+            failure: _Failure | None = None  # the sampler's, handed on after the batches before it
             while not self.stop.is_set():
-                try:
-                    item = self.sampled.get(timeout=POLL_S)
-                except queue.Empty:
+                if failure is None and len(pending) < self.depth:  # room: take the next batch, if any
+                    try:
+                        item = self.sampled.get(timeout=POLL_S) if not pending else self.sampled.get_nowait()
+                    except queue.Empty:
+                        item = None
+                    if isinstance(item, _Failure):
+                        failure = item
+                    elif item is not None:
+                        now = time.perf_counter()
+                        item.timings["scorer_idle_s"] = now - idle_since if idle_since is not None else 0.0
+                        idle_since = None
+                        pending.append(_Scoring(self.parts, item))
+                        continue
+                if not pending:
+                    if failure is not None:
+                        _put(self.out, failure, self.stop)
+                        return
                     continue
-                if isinstance(item, _Failure):
-                    _put(self.out, item, self.stop)
+                if not pending[0].done.wait(PENDING_POLL_S):
+                    continue
+                scoring = pending.popleft()
+                if scoring.error is not None:
+                    raise scoring.error
+                if not pending:
+                    idle_since = time.perf_counter()
+                if _put(self.out, self._gate(scoring.sampled), self.stop) is None:
                     return
-                item.timings["scorer_idle_s"] = waited + time.perf_counter() - mark
-                batch = self._score(item)
-                waited = _put(self.out, batch, self.stop)
-                if waited is None:
-                    return
-                mark = time.perf_counter()
         except BaseException as error:  # noqa: BLE001 - handed to the trainer, which re-raises it
             _put(self.out, _Failure(error), self.stop)
+        finally:
+            # No scoring outlives this thread: the loop joins it before it closes the workers
+            # (sandboxes, Ray actors) that a scoring still running would be calling.
+            for scoring in pending:
+                scoring.join()
 
-    def _score(self, sampled: SampledBatch) -> ScoredBatch:
+    def _gate(self, sampled: SampledBatch) -> ScoredBatch:
         parts, step, timings = self.parts, sampled.step, sampled.timings
-        drops = score_and_gate(parts, sampled.episodes, sampled.tasks_by_id, step, timings)
+        drops = gate_scored(parts, sampled.episodes, sampled.tasks_by_id, step)
         with self.store_lock:  # stored before it is queued: the trainer only sees stored samples
             self.store.write_episodes(step, sampled.episodes, sampled.tasks_by_id, timings)
         # The checkpoint after this batch: the mixer's cursor as the sampler left it after drawing

@@ -171,7 +171,15 @@ def score_and_gate(
     """Score the episodes (time in `timings["score_s"]`), compose the domains' sub-rewards, gate
     them, let the watch quarantine tasks, update the curricula, trim surplus groups (dynamic
     sampling), normalise the rewards and assign advantages. Returns the drop counts by reason."""
-    cfg = parts.config
+    score_episodes(parts, episodes, tasks_by_id, timings)
+    return gate_scored(parts, episodes, tasks_by_id, step)
+
+
+def score_episodes(
+    parts: LoopParts, episodes: list[Episode], tasks_by_id: dict[str, Task], timings: dict[str, float]
+) -> None:
+    """The scoring half of `score_and_gate`: scores and the domains' sub-rewards, which touch no
+    state shared between batches (the async loop scores two batches at once with it)."""
     mark = time.perf_counter()
     unscored = [e for e in episodes if e.score is None]  # agent episodes come with their acceptance verdict
     scores = parts.scorer.score_many([(tasks_by_id[e.task_id], e.completion.text) for e in unscored])
@@ -181,6 +189,11 @@ def score_and_gate(
         parts.domains.compose(parts.scorer, episodes, tasks_by_id)
     timings["score_s"] = time.perf_counter() - mark
 
+
+def gate_scored(parts: LoopParts, episodes: list[Episode], tasks_by_id: dict[str, Task], step: int) -> dict[str, int]:
+    """The rest of `score_and_gate`, which reads and updates the run's state (watch, curricula,
+    mixer): batches go through it one at a time, in step order."""
+    cfg = parts.config
     drops = gate_episodes(episodes, cfg.gate, cfg.rollout.max_new_tokens)
     if parts.watch is not None:
         quarantined = {q.task_id for q in parts.watch.observe(episodes, tasks_by_id, step + 1)}

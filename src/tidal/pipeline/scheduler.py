@@ -461,6 +461,11 @@ class RetryingScorer:
     def __init__(self, scorer: Any, policy: RetryPolicy, stop: threading.Event | None = None) -> None:
         self.scorer, self.policy, self.stop = scorer, policy, stop or threading.Event()
         self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()  # the async loop scores several batches at once
+
+    def _count(self, what: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[what] += n
 
     def _call(self, items: list[Any]) -> list[Any]:
         for attempt in itertools.count(1):
@@ -469,7 +474,7 @@ class RetryingScorer:
             except self.policy.retry_on as error:
                 if attempt > self.policy.retries or self.stop.is_set():
                     raise
-                self.counts["calls"] += 1
+                self._count("calls")
                 logger.warning("scoring %d answer(s) failed (%s); retry %d of %d", len(items), error, attempt,
                                self.policy.retries)
                 self.stop.wait(self.policy.delay(attempt))
@@ -483,7 +488,7 @@ class RetryingScorer:
             again = [i for i, score in enumerate(scores) if score.outcome == Outcome.INFRA_ERROR]
             if not again or self.stop.is_set():
                 break
-            self.counts["infra_scores"] += len(again)
+            self._count("infra_scores", len(again))
             logger.warning("%d answer(s) scored as infra errors; scoring them again (retry %d of %d)",
                            len(again), attempt, self.policy.retries)
             if self.stop.wait(self.policy.delay(attempt)):

@@ -196,7 +196,7 @@ def test_the_next_batch_is_generated_while_this_one_is_scored(
     started: set[int] = set()
     overlapped: list[tuple[int, bool]] = []
     changed = threading.Condition()
-    original_generate, original_score = async_loop._Sampler._generate, async_loop.score_and_gate
+    original_generate, original_score = async_loop._Sampler._generate, async_loop._Scoring.run
 
     def generate(self: Any, tasks: Any, step: int, publication: Any) -> Any:
         with changed:
@@ -204,19 +204,50 @@ def test_the_next_batch_is_generated_while_this_one_is_scored(
             changed.notify_all()
         return original_generate(self, tasks, step, publication)
 
-    def score(parts: Any, episodes: Any, tasks_by_id: Any, step: int, timings: Any) -> Any:
+    def score(self: async_loop._Scoring) -> None:
+        step = self.sampled.step
         if step + 1 < STEPS:
             with changed:
                 overlapped.append((step, changed.wait_for(lambda: step + 1 in started, timeout=30)))
-        return original_score(parts, episodes, tasks_by_id, step, timings)
+        original_score(self)
 
     monkeypatch.setattr(async_loop._Sampler, "_generate", generate)
-    monkeypatch.setattr(async_loop, "score_and_gate", score)
+    monkeypatch.setattr(async_loop._Scoring, "run", score)
     run = _run(tmp_path, "overlap", "pipeline.mode=async", "algorithm.max_staleness=1", "pipeline.scorer_workers=2", *backend)
     assert overlapped == [(step, True) for step in range(STEPS - 1)]
     _assert_exactly_once(_store(run), bound=1)
     rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
     assert all(m["scorer_idle_s"] >= 0 and m["sampler_idle_s"] >= 0 for m in rows)
+
+
+@pytest.mark.parametrize("depth", [2, 1])
+def test_the_next_batch_is_scored_while_this_one_still_is_and_both_train_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: list[str], depth: int
+) -> None:
+    """With `pipeline.scoring_depth: 2`, scoring batch b waits until batch b + 1's scoring has
+    started (one batch scored after another would never get there); with 1 it never starts
+    meanwhile. Either way the trainer takes the batches in step order, each id once."""
+    scoring: set[int] = set()
+    overlapped: list[tuple[int, bool]] = []
+    changed = threading.Condition()
+    original_score = async_loop._Scoring.run
+
+    def score(self: async_loop._Scoring) -> None:
+        step = self.sampled.step
+        with changed:
+            scoring.add(step)
+            changed.notify_all()
+            if step + 1 < STEPS:
+                overlapped.append((step, changed.wait_for(lambda: step + 1 in scoring, timeout=30 if depth > 1 else 1)))
+        original_score(self)
+
+    monkeypatch.setattr(async_loop._Scoring, "run", score)
+    run = _run(tmp_path, f"depth-{depth}", "pipeline.mode=async", "algorithm.max_staleness=1",
+               f"pipeline.scoring_depth={depth}", *backend)
+    assert overlapped == [(step, depth > 1) for step in range(STEPS - 1)]
+    _assert_exactly_once(_store(run), bound=1)
+    rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
+    assert [m["step"] for m in rows] == list(range(1, STEPS + 1))
 
 
 def test_a_trainer_that_stops_publishing_times_the_sampler_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

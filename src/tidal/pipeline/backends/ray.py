@@ -343,7 +343,8 @@ class RayBackend:
 
         rollouts = [new_rollout(f"{tag}/rollout-{i}") for i in range(count)]
         # Scorers mostly wait on their sandbox processes, which Ray does not schedule: no CPU reserved.
-        scorer_class = ray.remote(**restarts, num_cpus=0)(ScorerActor)
+        # Threaded: the async loop's scorer thread scores `pipeline.scoring_depth` batches at once.
+        scorer_class = ray.remote(**restarts, num_cpus=0, max_concurrency=pipeline.scoring_depth)(ScorerActor)
         scorers = [
             scorer_class.options(name=f"{tag}/scorer-{i}", namespace=NAMESPACE).remote(cfg.reward)
             for i in range(pipeline.scorer_workers)
