@@ -220,13 +220,9 @@ def test_the_next_batch_is_generated_while_this_one_is_scored(
     assert all(m["scorer_idle_s"] >= 0 and m["sampler_idle_s"] >= 0 for m in rows)
 
 
-@pytest.mark.parametrize("depth", [2, 1])
-def test_the_next_batch_is_scored_while_this_one_still_is_and_both_train_in_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: list[str], depth: int
-) -> None:
-    """With `pipeline.scoring_depth: 2`, scoring batch b waits until batch b + 1's scoring has
-    started (one batch scored after another would never get there); with 1 it never starts
-    meanwhile. Either way the trainer takes the batches in step order, each id once."""
+def _score_with_depth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: list[str], depth: int) -> None:
+    """Scoring batch b waits (up to 30 s, or 1 s at depth 1) until batch b + 1's scoring has
+    started; then the run must have trained every batch in step order, each id once."""
     scoring: set[int] = set()
     overlapped: list[tuple[int, bool]] = []
     changed = threading.Condition()
@@ -248,6 +244,20 @@ def test_the_next_batch_is_scored_while_this_one_still_is_and_both_train_in_orde
     _assert_exactly_once(_store(run), bound=1)
     rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
     assert [m["step"] for m in rows] == list(range(1, STEPS + 1))
+
+
+def test_the_next_batch_is_scored_while_this_one_still_is_and_both_train_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: list[str]
+) -> None:
+    """`pipeline.scoring_depth: 2` (the default): batch b + 1's scoring starts while batch b's
+    runs (one batch scored after another would never get there, and the wait would time out)."""
+    _score_with_depth(tmp_path, monkeypatch, backend, depth=2)
+
+
+def test_at_scoring_depth_one_batches_are_scored_one_after_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _score_with_depth(tmp_path, monkeypatch, ["pipeline.backend=local"], depth=1)
 
 
 def test_a_trainer_that_stops_publishing_times_the_sampler_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
