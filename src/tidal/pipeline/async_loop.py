@@ -89,7 +89,7 @@ from tidal.types import Episode, Task
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how often a waiting thread looks at the stop flag
-PENDING_POLL_S = 0.01  # how often the scorer thread, waiting for a batch's scores, looks for the next batch
+PENDING_POLL_S = 0.01  # how often the scorer thread, waiting for a batch's scores with room for another, looks for it
 
 
 class StalenessError(RuntimeError):
@@ -359,7 +359,8 @@ class _ScorerThread(threading.Thread):
                         _put(self.out, failure, self.stop)
                         return
                     continue
-                if not pending[0].done.wait(PENDING_POLL_S):
+                room = failure is None and len(pending) < self.depth  # else nothing to look for meanwhile
+                if not pending[0].done.wait(PENDING_POLL_S if room else POLL_S):
                     continue
                 scoring = pending.popleft()
                 if scoring.error is not None:
