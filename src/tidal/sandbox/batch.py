@@ -74,6 +74,18 @@ class Template:
     key: str
     files: dict[str, str | bytes]
     report_input: bytes
+    base: Base | None = None  # a base that may fork this template
+
+
+@dataclass
+class Base:
+    """A process that serves the templates of many tasks (zygote_forks.py, "base"): the job's
+    command with `args` (its own arguments without the task's `paths`) run up to its base point.
+    Templates with the same `key` must differ only in `paths` and in files the base never reads."""
+
+    key: str
+    args: list[str]
+    paths: list[str]
 
 
 @dataclass
@@ -139,7 +151,10 @@ class BatchDriver:
         self.companions = False  # ...and companions
         self.template: str | None = None  # the key of the template the zygote holds...
         self.template_folder = ""  # ...whose jobs run in `<workspace>/<this>`, where it started
-        self.templates = 0  # templates started so far
+        self.base: str | None = None  # the key of the base the zygote holds...
+        self.base_folder = ""  # ...which started (and whose templates start) in `<workspace>/<this>`
+        self.templates = 0  # templates started so far...
+        self.from_bases = 0  # ...of which a base forked these
         self.unusable: set[str] = set()  # keys of templates that did not start here
         self.retired: str | None = None  # why the zygote must run nothing more, once it must not
 
@@ -279,7 +294,8 @@ class BatchDriver:
         """Have the zygote start `template` in a folder of its own (where its jobs will run); a
         template that does not start is not tried again here (its jobs run whole sessions)."""
         layout = self.layout
-        name = f"t{self.templates}"
+        base = template.base if template.base is not None and template.base.key not in self.unusable else None
+        name = self.base_folder if base is not None and base.key == self.base else f"t{self.templates}"
         self.templates += 1
         folder, inside = self._fresh_workspace(name)
         write_tree(folder, template.files)
@@ -290,6 +306,8 @@ class BatchDriver:
             "timeout_s": job.limits.timeout_s, "env": layout.env(job.env, inside, True),
             "rlimits": layout.rlimits(job.limits),
         }
+        if base is not None:
+            message["base"] = {"key": base.key, "args": base.args, "paths": base.paths}
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         ours, theirs = socket.socketpair()
@@ -316,6 +334,12 @@ class BatchDriver:
             raise ZygoteLost(f"template {template.key[:12]}: unexpected message {reply}")
         if reply.get("retire"):
             self.retired = f"a template left the sandbox changed: {reply['retire']}"
+        if base is not None and reply.get("base") != base.key:
+            self.unusable.add(base.key)  # it did not start here: this zygote's templates start alone
+        elif base is not None and reply.get("ready"):
+            self.from_bases += 1
+        if reply.get("base") != self.base:
+            self.base, self.base_folder = reply.get("base"), name
         if reply.get("ready") and reply.get("template") == template.key:
             self.template, self.template_folder = template.key, name
         else:

@@ -67,6 +67,7 @@ class PoolStats:
     jobs: int = 0  # jobs handed to zygotes
     unvouched: int = 0  # jobs that came back None
     templates: int = 0  # templates the zygotes were asked to start (zygote.py, "Templates")
+    from_bases: int = 0  # of those, templates a base forked (zygote_forks.py, "base")
     peak_busy: int = 0  # the most jobs (batched or single) that ran at once
 
 
@@ -229,12 +230,13 @@ class SandboxPool:
                 self.stats.unvouched += 1
             return None
         result = None
-        templates = entry.zygote.driver.templates
+        templates, from_bases = entry.zygote.driver.templates, entry.zygote.driver.from_bases
         try:
             result = entry.zygote.run(job)
         finally:
             with self._cond:
                 self.stats.templates += entry.zygote.driver.templates - templates
+                self.stats.from_bases += entry.zygote.driver.from_bases - from_bases
             self._release(entry, vouched=result is not None)
         return result
 

@@ -10,6 +10,10 @@ Two long-lived helper processes may run beside the zygote, each forked from it, 
 session and non-dumpable, neither a subreaper, each serving forks over a socket only the zygote
 holds: the *nursery*, forked before the zygote preloads anything, from which companions are forked
 (so a companion starts as small as a fresh interpreter), and the *template* of the task at hand.
+A third, the *base*, may serve templates: a job's command run up to a point before anything of a
+task is read (for pytest: configured, its session started, not yet collecting), then forked once
+per task into that task's template, so what tasks with the same options share (a third to two
+thirds of a template's start) is done once per zygote instead of once per task.
 A process they fork is the zygote's child (a sibling of the helper, forked with CLONE_PARENT; where
 that cannot be, it goes through a middle process that exits at once and is reparented to the
 zygote, the nearest subreaper): the zygote waits for it, reaps it and sweeps after it as for a
@@ -59,14 +63,17 @@ class _Helper:
 
 
 _NURSERY: _Helper | None = None
+_BASE: _Helper | None = None
 _TEMPLATE: _Helper | None = None
+_FAILED_BASES: set[str] = set()  # keys of bases that did not start here: their tasks' templates start alone
 _FORK_CHANNEL: socket.socket | None = None  # in a template process: its end of the zygote's socket
 _FORKED = False  # in a job forked from a template
+_TEMPLATE_REQUEST: dict[str, Any] = {}  # in a template forked from a base: what the zygote asked for
 
 
 def helpers() -> set[int]:
     """The pids of the helpers alive now (the sweep spares them)."""
-    return {helper.pid for helper in (_NURSERY, _TEMPLATE) if helper is not None}
+    return {helper.pid for helper in (_NURSERY, _BASE, _TEMPLATE) if helper is not None}
 
 
 def template() -> str | None:
@@ -117,10 +124,13 @@ def _unchanged(helper: _Helper, reaped: set[int]) -> bool:
 def check_helpers(reaped: set[int]) -> str | None:
     """After a job: drop a helper that died, stopped or was changed; why the zygote must retire
     (the nursery is gone), or None."""
-    global _NURSERY, _TEMPLATE
+    global _NURSERY, _BASE, _TEMPLATE
     if _TEMPLATE is not None and not _unchanged(_TEMPLATE, reaped):
         _kill(_TEMPLATE, _TEMPLATE.pid in reaped)
         _TEMPLATE = None
+    if _BASE is not None and not _unchanged(_BASE, reaped):
+        _kill(_BASE, _BASE.pid in reaped)
+        _BASE = None
     if _NURSERY is not None and not _unchanged(_NURSERY, reaped):
         _kill(_NURSERY, _NURSERY.pid in reaped)
         _NURSERY = None
@@ -385,19 +395,22 @@ def _tree(table: dict[int, tuple[int, str]], root: int) -> set[int]:
 
 
 def open_template(job: dict[str, Any], fds: list[int], control: socket.socket, protected: set[int]) -> dict[str, Any]:
-    """Start a template process for `job` (replacing any other) and wait until it is ready."""
+    """Start a template process for `job` (replacing any other) and wait until it is ready: forked
+    by the base `job["base"]` names when there is one (started here if need be), else by the zygote."""
     global _TEMPLATE
     if _TEMPLATE is not None:
         _kill(_TEMPLATE)
         _TEMPLATE = None
-    config = zygote.prebuilt_config(job)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        ours.detach()
-        _template(job, control, fds, theirs, config)
+    pid = _from_base(job, fds, theirs, control) if job.get("base") else None
+    if pid is None:
+        config = zygote.prebuilt_config(job)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            ours.detach()
+            _template(job, control, fds, theirs, config)
     theirs.close()
     for fd in fds:
         os.close(fd)
@@ -410,7 +423,69 @@ def open_template(job: dict[str, Any], fds: list[int], control: socket.socket, p
     else:
         _kill(helper)
     detail = "" if ready else str(reply.get("detail") or f"it exited with {reply.get('exit_code')}")
-    return {"event": "template", "ready": ready, "detail": detail, "reaped": zygote.sweep(protected | helpers())}
+    return {"event": "template", "ready": ready, "detail": detail, "reaped": zygote.sweep(protected | helpers()),
+            "base": _BASE.key if _BASE is not None else None}
+
+
+def _template_limits(job: dict[str, Any]) -> dict[str, Any]:
+    """A template's (and a base's) rlimits: the job's, but the zygote's CPU-seconds and processes."""
+    return {name: value for name, value in job["rlimits"].items() if name not in ("cpu", "nproc")}
+
+
+def _from_base(job: dict[str, Any], fds: list[int], channel: socket.socket, control: socket.socket) -> int | None:
+    """Have the base `job["base"]` names (started first if the zygote holds another or none) fork
+    the job's template, with `fds` (stdout, stderr, report channel) and `channel` as its own; the
+    template's pid, or None when no base serves (one that did not start is not tried again)."""
+    global _BASE
+    base = job["base"]
+    if _BASE is not None and _BASE.key != base["key"]:
+        _kill(_BASE)
+        _BASE = None
+    if _BASE is None and base["key"] not in _FAILED_BASES:
+        _BASE = _start_base({**job, "args": list(base["args"])}, str(base["key"]), fds, control)
+        if _BASE is None:
+            _FAILED_BASES.add(str(base["key"]))
+    if _BASE is None:
+        return None
+    ready_read, ready_write = os.pipe()
+    try:
+        request = {"cwd": job["cwd"], "env": job["env"], "rlimits": _template_limits(job),
+                   "paths": list(base["paths"])}
+        try:
+            _ask(_BASE, request, [*fds, channel.fileno(), ready_write])
+        finally:
+            os.close(ready_write)
+        return zygote.read_ready(ready_read, REPLY_S)
+    finally:
+        os.close(ready_read)
+
+
+def _start_base(job: dict[str, Any], key: str, fds: list[int], control: socket.socket) -> _Helper | None:
+    """Fork a base for `job` (its command without the task's own arguments) and wait for it to
+    reach its fork point; None when it does not. Its output goes where the template's would."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    report, report_theirs = socket.socketpair()
+    stdio = [os.dup(fds[0]), os.dup(fds[1]), report_theirs.detach()]
+    try:
+        report.sendall(json.dumps({"template": "base"}).encode("ascii"))  # the report plugin's settings
+    finally:
+        report.close()
+    config = zygote.prebuilt_config(job)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        ours.detach()
+        _template(job, control, stdio, theirs, config)
+    theirs.close()
+    for fd in stdio:
+        os.close(fd)
+    reply = _first_word(ours, pid, time.monotonic() + float(job["timeout_s"]))
+    helper = _Helper(pid, ours, key=key)
+    if reply.get("event") == "ready":
+        return helper
+    _kill(helper)
+    return None
 
 
 def _first_word(channel: socket.socket, pid: int, deadline: float) -> dict[str, Any]:
@@ -436,8 +511,7 @@ def _template(job: dict[str, Any], control: socket.socket, stdio: list[int], cha
     code = zygote.SETUP_FAILED
     try:
         control.detach()
-        limits = {name: value for name, value in job["rlimits"].items() if name not in ("cpu", "nproc")}
-        (fd,) = zygote.become_job({**job, "rlimits": limits}, stdio, [channel.detach()], close_others=True)
+        (fd,) = zygote.become_job({**job, "rlimits": _template_limits(job)}, stdio, [channel.detach()], close_others=True)
         zygote.prctl(zygote.PR_SET_DUMPABLE, 0)
         _FORK_CHANNEL = socket.socket(fileno=fd)
         if config is not None:
@@ -462,20 +536,53 @@ def fork_point(problem: str | None = None) -> None:
     channel = _FORK_CHANNEL
     if channel is None:
         raise RuntimeError("fork_point() called outside a template process")
-    sys.stdout.flush()
-    sys.stderr.flush()
     if problem is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
         zygote.send(channel, {"event": "ended", "detail": problem})
         os._exit(0)
-    null = os.open(os.devnull, os.O_WRONLY)  # nobody reads the template's own output once it is ready
+    _serve(_ready(channel), _fork_job)
+    _FORK_CHANNEL, _FORKED = None, True  # a job's process, from here on
+
+
+def base_point() -> dict[str, Any]:
+    """Called by a job's own code in a base process (see `_from_base`): as `fork_point`, but forks
+    a template per request, set up as one (and with a channel of its own to the zygote), and
+    returns in it the request (its "paths": the task's own arguments)."""
+    if _FORK_CHANNEL is None:
+        raise RuntimeError("base_point() called outside a base process")
+    _serve(_ready(_FORK_CHANNEL), _fork_template)
+    return _TEMPLATE_REQUEST
+
+
+def _ready(channel: socket.socket) -> socket.socket:
+    """A template or base at its fork point: its output to nowhere (nobody reads it any more), its
+    heap frozen, and ready said."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    null = os.open(os.devnull, os.O_WRONLY)
     for target in (1, 2):
         os.dup2(null, target)
     os.close(null)
     gc.collect()
     gc.freeze()
     zygote.send(channel, {"event": "ready"})
-    _serve(channel, _fork_job)
-    _FORK_CHANNEL, _FORKED = None, True  # a job's process, from here on
+    return channel
+
+
+def _fork_template(request: dict[str, Any], fds: list[int]) -> bool:
+    """In a base: fork a task's template (`fds`: stdout, stderr, report channel, its channel to the
+    zygote, its ready pipe)."""
+    def become() -> None:
+        global _FORK_CHANNEL, _TEMPLATE_REQUEST
+        assert _FORK_CHANNEL is not None
+        os.close(_FORK_CHANNEL.detach())
+        ready, channel = zygote.become_job(request, fds[:3], [fds[4], fds[3]], close_others=False)
+        zygote.prctl(zygote.PR_SET_DUMPABLE, 0)
+        _FORK_CHANNEL, _TEMPLATE_REQUEST = socket.socket(fileno=channel), request
+        zygote.say_ready(ready)
+
+    return _fork_through(fds, become)
 
 
 def _fork_job(request: dict[str, Any], fds: list[int]) -> bool:

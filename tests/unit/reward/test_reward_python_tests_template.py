@@ -10,10 +10,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tidal.reward import ScoringContext, get_verifier
+from tidal.reward.verifiers import python_tests
 from tidal.reward.verifiers.process_mode import template_problems
 from tidal.reward.verifiers.python_tests import python_tests_batch
 from tidal.sandbox.pool import SandboxPool
@@ -69,6 +71,7 @@ def test_a_template_scores_every_answer_as_a_session_of_its_own(
     answers = list(ANSWERS.values())
     batched = python_tests_batch(task(mode), answers, ScoringContext(pool))  # type: ignore[arg-type]
     assert pool.stats.templates == 1 and pool.stats.unvouched == 0  # one template served them all
+    assert pool.stats.from_bases == 0  # a task with a conftest.py gets a template started alone
     single = [get_verifier("python_tests")(task(mode), answer, sandboxed) for answer in answers]
     for name, one, alone in zip(ANSWERS, batched, single):
         assert (round(one.value, 6), one.outcome) == (round(alone.value, 6), alone.outcome), (name, one.detail, alone.detail)
@@ -86,6 +89,33 @@ def test_a_template_scores_every_answer_as_a_session_of_its_own(
         failing = batched[list(ANSWERS).index("fails once")].info["failing"]
         assert "test_a.py::test_basic (did not run)" in failing
         assert "test_b.py::test_more[xs0-2] (did not run)" in failing  # ...the second one was collected
+
+
+def evidence(score: Score) -> tuple[Any, ...]:
+    info = score.info
+    return (round(score.value, 6), score.outcome, info.get("tamper"), info.get("failure"), info.get("failing"),
+            info.get("exit_code"))
+
+
+@pytest.mark.parametrize("mode", ["in_process", "out_of_process"])
+def test_a_template_forked_from_a_base_scores_as_one_started_alone(
+    pool: SandboxPool, sandboxed: ScoringContext, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tasks without a conftest.py or pytest configuration get templates forked from the zygote's
+    # base (pytest configured and its session started, before collection), one base for them all.
+    tests = {name: text for name, text in TESTS.items() if name != "conftest.py"}
+    other = {"test_d.py": "from solution import sum_evens\n\n\ndef test_d():\n    assert sum_evens([4]) == 4\n"}
+    answers = [answer for name, answer in ANSWERS.items() if name not in ("hangs", "daemon")]
+    from_base = python_tests_batch(task(mode, tests), answers, ScoringContext(pool))  # type: ignore[arg-type]
+    second = python_tests_batch(task(mode, other), [CORRECT, ANSWERS["wrong"]], ScoringContext(pool))  # type: ignore[arg-type]
+    assert (pool.stats.started, pool.stats.templates, pool.stats.from_bases, pool.stats.unvouched) == (1, 2, 2, 0)
+    assert outcomes(second) == [(1.0, Outcome.PASSED), (0.0, Outcome.FAILED)]
+    monkeypatch.setattr(python_tests, "_base", lambda *args: None)
+    with SandboxPool(sandboxed.sandbox(), size=1) as alone_pool:
+        alone = python_tests_batch(task(mode, tests), answers, ScoringContext(alone_pool))  # type: ignore[arg-type]
+        assert (alone_pool.stats.templates, alone_pool.stats.from_bases) == (1, 0)
+    assert [evidence(score) for score in from_base] == [evidence(score) for score in alone]
+    assert outcomes(from_base)[0] == (1.0, Outcome.PASSED)
 
 
 def test_tests_that_need_the_answer_while_imported_run_whole_sessions(pool: SandboxPool) -> None:

@@ -17,7 +17,14 @@ import pytest
 import tidal.sandbox
 from tidal.sandbox import SandboxBackend, SandboxResult
 from tidal.sandbox.base import BatchBackend
-from tidal.sandbox.batch import FORKS_FILE, FORKS_SOURCE, Companion, Template, ZygoteJob
+from tidal.sandbox.batch import (
+    FORKS_FILE,
+    FORKS_SOURCE,
+    Base,
+    Companion,
+    Template,
+    ZygoteJob,
+)
 from tidal.types import Limits
 
 # Runs up to the fork point once (in the template), then once per job; without a template (its
@@ -35,8 +42,17 @@ def read(fd):
     return data.decode()
 
 
+BASE = {"pid": None, "paths": None}
 SETUP = {"pid": os.getpid(), "at": time.time()}
 given = read(3)
+if given == '{"template": "base"}':  # a base: forked here into each task's template
+    import tidal_zygote_forks
+
+    if os.path.exists("broken-base"):
+        raise SystemExit(6)
+    BASE = {"pid": os.getpid(), "paths": tidal_zygote_forks.base_point()["paths"]}
+    SETUP = {"pid": os.getpid(), "at": time.time(), "parent": os.getppid()}
+    given = read(3)
 if given == "template":
     if os.path.exists("broken-template"):
         raise SystemExit(5)
@@ -45,6 +61,7 @@ if given == "template":
     tidal_zygote_forks.fork_point()
     given = read(3)
 print(json.dumps({"template": SETUP["pid"], "at": SETUP["at"], "me": os.getpid(), "parent": os.getppid(),
+                  "base": BASE["pid"], "paths": BASE["paths"], "template_parent": SETUP.get("parent"),
                   "cwd": os.getcwd(), "files": sorted(os.listdir(".")), "report": given,
                   "fds": sorted(os.listdir("/proc/self/fd"))}))
 sys.stdout.flush()
@@ -84,14 +101,14 @@ print(json.dumps({"seen": seen, "pid": pid, "me": os.getpid(), "parent": os.getp
 HARNESS = {FORKS_FILE: FORKS_SOURCE, "templated.py": TEMPLATED, "comp.py": COMPANION}
 
 
-def templated(backend: SandboxBackend, answer: str, *, then: str = "", broken: bool = False,
-              **limits: float) -> ZygoteJob:
+def templated(backend: SandboxBackend, answer: str, *, then: str = "", broken: bool = False, key: str = "key-1",
+              base: Base | None = None, **limits: float) -> ZygoteJob:
     files: dict[str, str | bytes] = {"shared.txt": "of the template"}
     if broken:
         files["broken-template"] = ""
     return ZygoteJob([backend.python, "-s", "-B", "-m", "templated"], {"answer.txt": answer},
                      Limits(**{"timeout_s": 20, **limits}), env={"THEN": then}, report_input=f"nonce {answer}".encode(),
-                     template=Template("key-1", files, b"template"))
+                     template=Template(key, files, b"template", base=base))
 
 
 def batch(backend: SandboxBackend, jobs: list[ZygoteJob], preload: tuple[str, ...] = ()) -> list[SandboxResult | None]:
@@ -136,6 +153,45 @@ def test_a_template_a_job_changed_serves_no_other_job(bwrap: SandboxBackend, att
     assert first["template"] == attacker["template"]  # the attacker's own result stands
     assert third["template"] != first["template"]  # a fresh template, started after the attack
     assert third["report"] == "nonce third"
+
+
+def test_templates_of_many_tasks_are_forks_of_one_base(bwrap: SandboxBackend) -> None:
+    # One base per zygote; each task's template is forked from it with the task's paths, in the
+    # folder the base started in, as the zygote's child; a template's jobs are forks of it.
+    jobs = [templated(bwrap, f"{key} {n}", key=key, base=Base("base-1", [], [f"{key}.py"]))
+            for key in ("task-a", "task-b") for n in range(2)]
+    runs = [seen(result) for result in batch(bwrap, jobs)]
+    assert len({one["base"] for one in runs}) == 1 and runs[0]["base"] is not None
+    assert [one["paths"] for one in runs] == [["task-a.py"]] * 2 + [["task-b.py"]] * 2
+    assert runs[0]["template"] == runs[1]["template"] != runs[2]["template"] == runs[3]["template"]
+    assert all(one["template"] != one["base"] and one["template_parent"] == one["parent"] for one in runs)
+    assert len({one["cwd"] for one in runs}) == 1
+    for n, one in enumerate(runs):
+        assert one["files"] == ["answer.txt"] and one["report"] == f"nonce {jobs[n].files['answer.txt']}"
+        assert one["fds"] == ["0", "1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize("attack", [
+    "import resource; resource.prlimit(BASE['pid'], resource.RLIMIT_NOFILE, (16, 16))",
+    "import signal; os.kill(BASE['pid'], signal.SIGKILL)",
+])
+def test_a_base_a_job_changed_serves_no_other_template(bwrap: SandboxBackend, attack: str) -> None:
+    jobs = [templated(bwrap, "first", key="task-a", base=Base("base-1", [], ["a.py"])),
+            templated(bwrap, "attacker", key="task-a", base=Base("base-1", [], ["a.py"]), then=attack),
+            templated(bwrap, "third", key="task-b", base=Base("base-1", [], ["b.py"]))]
+    first, attacker, third = (seen(result) for result in batch(bwrap, jobs))
+    assert first["base"] == attacker["base"] != third["base"]  # a fresh base, started after the attack
+    assert third["paths"] == ["b.py"] and third["report"] == "nonce third"
+
+
+def test_a_base_that_does_not_start_leaves_its_templates_to_start_alone(bwrap: SandboxBackend) -> None:
+    job = templated(bwrap, "a0", key="task-a", base=Base("base-1", [], ["a.py"]))
+    assert job.template is not None
+    job.template.files["broken-base"] = ""
+    runs = [seen(result) for result in batch(bwrap, [job, templated(bwrap, "b0", key="task-b", base=Base(
+        "base-1", [], ["b.py"]))])]
+    assert [one["base"] for one in runs] == [None, None]  # not tried again for the second task
+    assert all(one["template"] != one["me"] for one in runs)  # templates still, started alone
 
 
 def test_a_templated_job_gets_the_limits_and_clock_of_a_plain_one(bwrap: SandboxBackend) -> None:

@@ -104,7 +104,7 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
-OWN_HOOKS = ("pytest_plugin_registered", "pytest_collectreport", "pytest_collection_finish",
+OWN_HOOKS = ("pytest_plugin_registered", "pytest_collection", "pytest_collectreport", "pytest_collection_finish",
              "pytest_runtestloop", "pytest_runtest_protocol", "pytest_runtest_makereport", "pytest_sessionfinish")
 
 
@@ -182,6 +182,15 @@ class _Reporter:
         self.nonce = str(self.settings.get("nonce", ""))
         held, self.held = self.held or [], None
         return held
+
+    def rebase(self) -> None:
+        """In a template forked from a base: its own channel and settings (a template's)."""
+        if self.channel is not None:
+            self.channel.detach()  # that fd number is this process's own channel by now
+        self.channel, self.settings = _open_channel()
+        if self.settings.get("template") is not True:
+            raise RuntimeError(f"a base forked a template whose settings are {self.settings}")
+        self.cwd = os.getcwd()
 
     def tamper(self, detail: str) -> None:
         if detail not in self.flagged and len(self.flagged) < 100:
@@ -363,11 +372,21 @@ _audit: _Audit | None = None
 
 def _start() -> _Reporter:
     """What loading the plugin does, once: read the settings; in a session of its own (not a
-    template), start watching at once."""
-    global _reporter, _TESTS
+    template or a base), start watching at once."""
+    global _reporter
     if _reporter is not None:
         return _reporter
     _reporter = _Reporter()
+    if _reporter.settings.get("template") != "base":  # a base learns its task in each template (`_take_task`)
+        _take_task()
+    if _reporter.held is None:
+        _watch()
+    return _reporter
+
+
+def _take_task() -> None:
+    """The task's tests, and the stand-in for the answer's module the tests import."""
+    global _TESTS
     _TESTS = [os.path.abspath(str(path)) for path in _reporter.settings.get("tests", [])]
     module = str(_reporter.settings.get("module", ""))
     if _reporter.settings.get("mode") == "out_of_process":
@@ -383,9 +402,6 @@ def _start() -> _Reporter:
         import tidal_pytest_template
 
         sys.modules[module] = tidal_pytest_template.stub(module)
-    if _reporter.held is None:
-        _watch()
-    return _reporter
 
 
 def _watch() -> None:
@@ -440,6 +456,15 @@ def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
     file = _file_of(plugin)
     if file.startswith(_start().cwd.rstrip("/") + "/"):
         _reporter.emit("plugin", file=file)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session: Any) -> None:
+    if _reporter.settings.get("template") == "base":  # forked from here, one template per task
+        import tidal_pytest_template
+
+        tidal_pytest_template.from_base(session, _reporter)
+        _take_task()
 
 
 def pytest_collectreport(report: Any) -> None:

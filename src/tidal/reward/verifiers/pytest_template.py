@@ -130,6 +130,23 @@ def serve(session: Any, reporter: Any) -> None:
     tidal_zygote_forks.fork_point(problem)
 
 
+def from_base(session: Any, reporter: Any) -> None:
+    """In a base (a session of the tasks' shared options, at the start of its collection, which
+    has read nothing of any task): hand over to the zygote's base point; returns in each template
+    forked from it, which takes its own report channel and settings, and the task's test paths as
+    the session's arguments, and collects them as a template started alone would."""
+    import tidal_zygote_forks
+
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.stop_global_capturing()  # its files and saved descriptors are the base's own
+    request = tidal_zygote_forks.base_point()
+    reporter.rebase()
+    session.config.args = [str(path) for path in request["paths"]]
+    if capture is not None:
+        capture.start_global_capturing()
+
+
 def _probe() -> None:
     raise AssertionError("the template's warm-up")  # a visible frame: its report is the whole warm-up
 

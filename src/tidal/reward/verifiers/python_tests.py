@@ -72,7 +72,14 @@ from tidal.sandbox.base import (
     SandboxStatus,
     safe_relative_path,
 )
-from tidal.sandbox.batch import FORKS_FILE, FORKS_SOURCE, Companion, Template, ZygoteJob
+from tidal.sandbox.batch import (
+    FORKS_FILE,
+    FORKS_SOURCE,
+    Base,
+    Companion,
+    Template,
+    ZygoteJob,
+)
 from tidal.types import Outcome, Score, Task
 
 PLUGIN_MODULE = "tidal_pytest_report"
@@ -413,7 +420,8 @@ class Prepared:
             shared = {name: content for name, content in self.files.items() if name != self.entrypoint}
             key = hashlib.sha256(json.dumps(
                 [argv[1:], env, settings, limits.model_dump(), sorted(_hashes(shared).items())]).encode()).hexdigest()
-            template = Template(key, shared, json.dumps({**settings, "template": True}).encode("ascii"))
+            template = Template(key, shared, json.dumps({**settings, "template": True}).encode("ascii"),
+                                base=_base(argv, self.paths, env, limits.model_dump(), shared))
         return ZygoteJob(argv, self.files, limits, env=env, after=self.protected.inspect,
                          report_input=json.dumps({"nonce": self.nonce, **settings}).encode("ascii"),
                          template=template, companion=CANDIDATE if self.mode == "out_of_process" else None)
@@ -421,6 +429,22 @@ class Prepared:
     def score(self, task: Task, result: SandboxResult) -> Score:
         report = Report.parse(result.report, self.nonce, result.report_truncated)
         return verdict(result, report, self.defined, self.allowed_conftests, task, self.static, self.mode)
+
+
+# Files pytest reads before it collects (its configuration, conftest.py): a task that ships one
+# gets a template of its own, never one forked from a base that started without it.
+CONFIG_FILES = {"conftest.py", "pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg"}
+
+
+def _base(argv: list[str], paths: list[str], env: dict[str, str], limits: dict[str, Any],
+          shared: dict[str, str | bytes]) -> Base | None:
+    """The base that may fork the template: pytest with the task's options and limits, configured
+    and its session started, before it reads any of the task's files (zygote_forks.py)."""
+    if not paths or argv[-len(paths):] != paths or any(PurePosixPath(name).name in CONFIG_FILES for name in shared):
+        return None
+    args = argv[argv.index("pytest") + 1:-len(paths)]
+    key = hashlib.sha256(json.dumps([argv[1:-len(paths)], env, limits]).encode()).hexdigest()
+    return Base(key, args, list(paths))
 
 
 def _hashes(files: dict[str, str | bytes]) -> dict[str, str]:
