@@ -491,10 +491,10 @@ class BwrapBackend:
             self.prepare_workspace(workspace, limits)
             stack.callback(self.release_workspace, workspace)
             group = None
-            # Beside the jobs' processes: the zygote, and with templates and companions its two
-            # helpers (the nursery and a task's template; zygote_forks.py), so a job still gets
-            # its whole `limits.pids`.
-            extra = 3 if FORKS_FILE in (harness_files or {}) else 1
+            # Beside the jobs' processes: the zygote, and with templates and companions its three
+            # helpers (the nursery, a base and a task's template; zygote_forks.py), so a job still
+            # gets its whole `limits.pids`.
+            extra = 4 if FORKS_FILE in (harness_files or {}) else 1
             if self.cgroups is not None:
                 group = self.cgroups.create(limits.memory_mb + ZYGOTE_MEMORY_MB, limits.pids + extra, limits.cpus)
                 if group is not None:

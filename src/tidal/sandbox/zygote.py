@@ -22,9 +22,11 @@ message; the host only trusts what comes over it, never the jobs' output):
                      left something a fork inherits or that nothing cleans: its own result stands, but
                      the zygote exits after this message and runs nothing more; `template` is the key
                      of the template the zygote holds now (null: none)
-    host -> zygote   {"op": "template", "key", and the fields of "run"} with fds: stdout, stderr, report
-                     channel: start a template (below) for later jobs, replacing any other
-    zygote -> host   {"event": "template", "ready", "detail", "retire", "template"}
+    host -> zygote   {"op": "template", "key"[, "base": {"key", "args", "paths"}], and the fields of "run"}
+                     with fds: stdout, stderr, report channel: start a template (below) for later
+                     jobs, replacing any other, forked from the base `base` names if there is one
+    zygote -> host   {"event": "template", "ready", "detail", "retire", "template", "base"}: `base` is
+                     the key of the base the zygote holds now (null: none)
     zygote -> host   {"event": "broken", "detail"}: the zygote cannot vouch for the job in progress
                      (processes that would not die, a child that could not set up) and exits; the
                      host runs that job in a sandbox of its own
@@ -42,7 +44,10 @@ zygote that runs the job's command up to a point the command chooses (pytest: it
 and calls `tidal_zygote_forks.fork_point()`, which there serves forks: each templated job is a fork
 of the template taken at that point, set up as a job's child is (session, fds, environment, folder,
 limits) and continuing from it, in a workspace the host wrote fresh at the path the template
-started in. The template runs nothing of any job.
+started in. The template runs nothing of any job. Templates of many tasks may in turn be forks of
+a *base*, the same command without the task's own arguments run up to an earlier point (pytest:
+configured, before collection; `tidal_zygote_forks.base_point()`), started in the folder the host
+then writes each of those tasks' files into; it reads nothing of any task.
 
 Companions: a job may ask for a second process, which calls `module:function` with one end of a
 socket pair once set up like the job (its own session, the job's stdout, stderr, folder and limits;
@@ -54,8 +59,8 @@ as a fresh interpreter. The job's child gets the other end of the socket and a p
 zygote writes, when it reaps the companion, its wait status and the processes that outlived it
 ({"status", "left"}); `$TIDAL_COMPANION` says "socket fd,status fd,pid".
 
-The template and the nursery are checked after every job (zygote_forks.py says how): a template
-that changed is dropped and started again; a nursery that changed retires the zygote. Their
+The template, the base and the nursery are checked after every job (zygote_forks.py says how): a template
+or base that changed is dropped and started again; a nursery that changed retires the zygote. Their
 processes count against the jobs' RLIMIT_NPROC, which the zygote raises by as many as its own hard
 limit allows.
 

@@ -251,15 +251,17 @@ def test_a_job_that_changes_the_nursery_retires_its_zygote(bwrap: SandboxBackend
     assert third is None  # the caller runs it alone
 
 
-def test_a_templated_job_may_use_all_of_its_processes_beside_the_helpers(bwrap: SandboxBackend) -> None:
-    """The zygote, the nursery and the template live in the sandbox beside a job; the process
-    limits leave room for them, so a job still gets its whole `pids` (itself and 5 children)."""
+@pytest.mark.parametrize("base", [None, Base("base-1", [], ["a.py"])], ids=["alone", "from a base"])
+def test_a_templated_job_may_use_all_of_its_processes_beside_the_helpers(bwrap: SandboxBackend,
+                                                                          base: Base | None) -> None:
+    """The zygote, the nursery, the base and the template live in the sandbox beside a job; the
+    process limits leave room for them, so a job still gets its whole `pids` (itself and 5 children)."""
     then = (
         "import os, time\nkids = []\nfor _ in range(5):\n    pid = os.fork()\n    if pid == 0:\n"
         "        time.sleep(1)\n        os._exit(0)\n    kids.append(pid)\nprint('forked', len(kids))\n"
         "for kid in kids:\n    os.waitpid(kid, 0)\n"
     )
-    [result] = batch(bwrap, [templated(bwrap, "six", then=then, pids=6)])
+    [result] = batch(bwrap, [templated(bwrap, "six", then=then, pids=6, base=base)])
     seen(result)
     assert result is not None and result.stdout_text.splitlines()[1] == "forked 5"
 
