@@ -6,14 +6,13 @@ the zygote imports when it is there (the pool and `python_tests` ship it); pytes
 `tidal_zygote`, the name the running zygote gives itself). The protocol and the guarantees are in
 the zygote's docstring.
 
-Two long-lived helper processes may run beside the zygote, each forked from it, each in its own
-session and non-dumpable, neither a subreaper, each serving forks over a socket only the zygote
+Up to three long-lived helper processes run beside the zygote, each forked from it, each in its
+own session and non-dumpable, none a subreaper, each serving forks over a socket only the zygote
 holds: the *nursery*, forked before the zygote preloads anything, from which companions are forked
-(so a companion starts as small as a fresh interpreter), and the *template* of the task at hand.
-A third, the *base*, may serve templates: a job's command run up to a point before anything of a
-task is read (for pytest: configured, its session started, not yet collecting), then forked once
-per task into that task's template, so what tasks with the same options share (a third to two
-thirds of a template's start) is done once per zygote instead of once per task.
+(so a companion starts as small as a fresh interpreter), the *template* of the task at hand, and
+the *base* that may have forked it: a job's command run up to a point before anything of a task
+is read (for pytest: configured, its session started, not yet collecting), forked once per task
+into that task's template, so what tasks with the same options share is done once per zygote.
 A process they fork is the zygote's child (a sibling of the helper, forked with CLONE_PARENT; where
 that cannot be, it goes through a middle process that exits at once and is reparented to the
 zygote, the nearest subreaper): the zygote waits for it, reaps it and sweeps after it as for a
