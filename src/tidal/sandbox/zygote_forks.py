@@ -403,19 +403,14 @@ def open_template(job: dict[str, Any], fds: list[int], control: socket.socket, p
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = _from_base(job, fds, theirs, control) if job.get("base") else None
     if pid is None:
-        config = zygote.prebuilt_config(job)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            ours.detach()
-            _template(job, control, fds, theirs, config)
-    theirs.close()
-    for fd in fds:
-        os.close(fd)
+        helper, reply = _spawn(job, control, list(fds), str(job["key"]), (ours, theirs))
+    else:
+        theirs.close()
+        for fd in fds:
+            os.close(fd)
+        helper = _Helper(pid, ours, key=str(job["key"]))
+        reply = _first_word(ours, pid, time.monotonic() + float(job["timeout_s"]))
     fds.clear()
-    reply = _first_word(ours, pid, time.monotonic() + float(job["timeout_s"]))
-    helper = _Helper(pid, ours, key=str(job["key"]))
     ready = reply.get("event") == "ready"
     if ready:
         _TEMPLATE = helper
@@ -462,13 +457,24 @@ def _from_base(job: dict[str, Any], fds: list[int], channel: socket.socket, cont
 def _start_base(job: dict[str, Any], key: str, fds: list[int], control: socket.socket) -> _Helper | None:
     """Fork a base for `job` (its command without the task's own arguments) and wait for it to
     reach its fork point; None when it does not. Its output goes where the template's would."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     report, report_theirs = socket.socketpair()
     stdio = [os.dup(fds[0]), os.dup(fds[1]), report_theirs.detach()]
     try:
         report.sendall(json.dumps({"template": "base"}).encode("ascii"))  # the report plugin's settings
     finally:
         report.close()
+    helper, reply = _spawn(job, control, stdio, key, socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET))
+    if reply.get("event") == "ready":
+        return helper
+    _kill(helper)
+    return None
+
+
+def _spawn(job: dict[str, Any], control: socket.socket, stdio: list[int], key: str,
+           pair: tuple[socket.socket, socket.socket]) -> tuple[_Helper, dict[str, Any]]:
+    """Fork a template or a base (the zygote's child that runs `job` up to its fork point), with
+    `stdio` (closed here) and the second end of `pair` as its channel; it and its first word."""
+    ours, theirs = pair
     config = zygote.prebuilt_config(job)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -479,12 +485,7 @@ def _start_base(job: dict[str, Any], key: str, fds: list[int], control: socket.s
     theirs.close()
     for fd in stdio:
         os.close(fd)
-    reply = _first_word(ours, pid, time.monotonic() + float(job["timeout_s"]))
-    helper = _Helper(pid, ours, key=key)
-    if reply.get("event") == "ready":
-        return helper
-    _kill(helper)
-    return None
+    return _Helper(pid, ours, key=key), _first_word(ours, pid, time.monotonic() + float(job["timeout_s"]))
 
 
 def _first_word(channel: socket.socket, pid: int, deadline: float) -> dict[str, Any]:
