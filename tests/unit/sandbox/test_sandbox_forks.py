@@ -1,5 +1,6 @@
-"""Templates and companions (zygote_forks.py): jobs forked from a process that ran their common
-start once, and second processes forked from a nursery that never held anything of a job. Each
+"""Templates, bases and companions (zygote_forks.py): jobs forked from a process that ran their
+common start once, templates forked from a base that ran what many tasks share, and second
+processes forked from a nursery that never held anything of a job. Each
 probe fails if a job could see another's workspace or report channel, if a template or nursery a
 job changed went on serving, or if the isolation a plain job gets is not the same here."""
 
