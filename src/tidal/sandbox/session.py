@@ -151,6 +151,7 @@ class SandboxSession:
             prepare(self.workspace, limits)  # a size-limited tmpfs where the backend can make one
         self.closed = False
         self.commands = 0
+        self.owned_store: SessionStore | None = None  # a store open_session made for this session alone
 
     @property
     def workspace(self) -> Path:
@@ -308,6 +309,8 @@ class SandboxSession:
             if release is not None:
                 release(self.workspace)
             remove_tree(self.run_dir)
+            if self.owned_store is not None:
+                self.owned_store.close()
 
     def __enter__(self) -> SandboxSession:
         return self
@@ -333,10 +336,24 @@ def open_session(
     store: SessionStore | None = None,
     snapshot_cap_mb: int = SNAPSHOT_CAP_MB,
 ) -> SandboxSession:
-    """A session on `backend` (which must offer `run_in`) with `files` as the starting workspace."""
+    """A session on `backend` (which must offer `run_in`) with `files` as the starting workspace.
+    Without `store` the session gets a store of its own, removed when the session closes."""
     if not hasattr(backend, "run_in"):
         raise TypeError(f"sandbox backend {backend.name!r} does not support sessions")
     owner = getattr(backend, "workspace_owner", None)
-    session = SandboxSession(backend, limits or Limits(), (store or SessionStore()).root, owner, snapshot_cap_mb)
-    session.write_files(files or {})
+    own: SessionStore | None = None
+    if store is None:
+        store = own = SessionStore()
+    try:
+        session = SandboxSession(backend, limits or Limits(), store.root, owner, snapshot_cap_mb)
+    except BaseException:
+        if own is not None:
+            own.close()
+        raise
+    session.owned_store = own
+    try:
+        session.write_files(files or {})
+    except BaseException:
+        session.close()
+        raise
     return session

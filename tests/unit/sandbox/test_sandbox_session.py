@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,23 @@ def test_snapshot_cap_and_closed_sessions(bwrap: SandboxBackend, store: SessionS
     with pytest.raises(SnapshotError, match="closed"):
         session.exec(["/bin/true"])
     assert not session.run_dir.exists()
+
+
+def test_a_session_without_a_store_removes_its_own_when_it_closes(bwrap: SandboxBackend) -> None:
+    with open_session(bwrap, {"a.txt": "one\n"}, Limits(timeout_s=10)) as session:
+        sh(session, "echo two >> a.txt")
+        session.snapshot()
+        own = session.store
+        assert own.is_dir() and any(p.name.startswith("snap-") for p in own.iterdir())
+    assert not own.exists()  # the store it made for itself went with it, snapshots included
+
+    before = set(Path(tempfile.gettempdir()).glob("tidal-sessions-*"))
+    with pytest.raises(ValueError, match="relative path"):
+        open_session(bwrap, {"../out.txt": "x"}, Limits(timeout_s=10))  # refused starting files
+    assert set(Path(tempfile.gettempdir()).glob("tidal-sessions-*")) <= before
+
+
+def test_a_shared_store_outlives_the_sessions_that_use_it(bwrap: SandboxBackend, store: SessionStore) -> None:
+    with open_session(bwrap, {}, Limits(timeout_s=10), store) as session:
+        assert session.store == store.root
+    assert store.root.is_dir()  # the caller closes it
