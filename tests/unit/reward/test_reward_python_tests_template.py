@@ -218,3 +218,36 @@ def test_the_zygote_index_of_plugin_fixtures_registers_what_a_full_scan_does(tmp
     assert {"tmp_path", "capsys", "monkeypatch", "base"} <= {d[0] for d in defs}
     assert served >= 20  # pytest's own plugin modules came from the index
     assert objects >= 5  # and plugin objects (the session, the terminal reporter, ...) from their classes' index
+
+
+def test_the_index_of_modules_imported_since_the_last_one_is_what_a_full_rescan_makes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A template (and a base) indexes only the modules imported since the index its zygote (or
+    # base) made whole; inspect's index must come out as a rescan of every module makes it.
+    import inspect
+
+    from tidal.reward.verifiers import pytest_template
+
+    monkeypatch.setattr(inspect, "_filesbymodname", {})
+    monkeypatch.setattr(inspect, "modulesbyfile", {})
+    monkeypatch.setattr(pytest_template, "_INDEXED", [])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pytest_template._index_modules()  # the zygote's: a full rescan
+    assert pytest_template._INDEXED == [next(reversed(sys.modules))]
+    for name in ("tidal_index_probe_a", "tidal_index_probe_b"):
+        (tmp_path / f"{name}.py").write_text("VALUE = 1\n")
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        __import__(name)
+    pytest_template._index_modules()  # a template's: the two new modules only
+    incremental = (dict(inspect._filesbymodname), dict(inspect.modulesbyfile))  # type: ignore[attr-defined]
+    assert str(tmp_path / "tidal_index_probe_b.py") in inspect.modulesbyfile
+    inspect._filesbymodname.clear()  # type: ignore[attr-defined]
+    inspect.modulesbyfile.clear()
+    inspect.getmodule(None, "<no such file>")
+    assert incremental == (inspect._filesbymodname, inspect.modulesbyfile)  # type: ignore[attr-defined]
+    # The name it stopped at is gone from sys.modules: it cannot tell what is new, and rescans.
+    monkeypatch.setattr(pytest_template, "_INDEXED", ["tidal_index_probe_gone"])
+    assert not pytest_template._index_new_modules()
+    for name in ("tidal_index_probe_a", "tidal_index_probe_b"):
+        sys.modules.pop(name, None)

@@ -97,11 +97,20 @@ def _open_channel() -> tuple[socket.socket | None, dict[str, Any]]:
     return channel, settings if isinstance(settings, dict) else {"nonce": text}
 
 
-def _prctl(option: int, value: int) -> bool:
+def _libc_prctl() -> Any:
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return False
+        return None
+
+
+# Looked up once, when the plugin is imported (in a zygote, before anything forks), so that each
+# answer's process calls it without loading libc's symbol and building its wrapper again.
+_PRCTL = _libc_prctl()
+
+
+def _prctl(option: int, value: int) -> bool:
+    return _PRCTL is not None and _PRCTL(option, value, 0, 0, 0) == 0
 
 
 OWN_HOOKS = ("pytest_plugin_registered", "pytest_collection", "pytest_collectreport", "pytest_collection_finish",

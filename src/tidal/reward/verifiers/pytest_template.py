@@ -140,6 +140,7 @@ def from_base(session: Any, reporter: Any) -> None:
     capture = session.config.pluginmanager.getplugin("capturemanager")
     if capture is not None:
         capture.stop_global_capturing()  # its files and saved descriptors are the base's own
+    _index_modules()  # what the session's start imported: indexed once for all the base's templates
     request = tidal_zygote_forks.base_point()
     reporter.rebase()
     session.config.args = [str(path) for path in request["paths"]]
@@ -151,13 +152,53 @@ def _probe() -> None:
     raise AssertionError("the template's warm-up")  # a visible frame: its report is the whole warm-up
 
 
+_INDEXED: list[str] = []  # the last name in `sys.modules` when inspect's index was last made whole
+
+
 def _index_modules() -> None:
     """Bring inspect's index of module files up to date with `sys.modules`. `inspect.getmodule`
     (which pytest calls for each frame of a traceback it reports) rescans every module it has not
     indexed yet whenever a file is not in the index, as a frozen module's is (an import's frames):
     300-odd `realpath` calls in each answer's process unless the index it inherits is current
-    (about 15 ms of the report of an answer that does not import, in a pool's job)."""
-    inspect.getmodule(None, "<tidal: the module index>")  # no module has that file: a full rescan
+    (about 15 ms of the report of an answer that does not import, in a pool's job).
+
+    Where an index was made whole before (in the zygote, or in the base a template was forked
+    from), only the modules imported since are indexed, as the rescan would index them: the
+    rescan reads every module object, and in a forked process each read of an object copies the
+    page it is on (~500 pages, a tenth of a template's start)."""
+    if not _index_new_modules():
+        inspect.getmodule(None, "<tidal: the module index>")  # no module has that file: a full rescan
+    _INDEXED[:] = [next(reversed(sys.modules), "")]
+
+
+def _index_new_modules() -> bool:
+    """Index the modules added to `sys.modules` after `_INDEXED` (a dict keeps the order names
+    were added in); False when that cannot be done here (no earlier index, the name is gone, or
+    inspect keeps its index otherwise), and a full rescan must."""
+    by_name, by_file = getattr(inspect, "_filesbymodname", None), getattr(inspect, "modulesbyfile", None)
+    if not _INDEXED or not isinstance(by_name, dict) or not isinstance(by_file, dict):
+        return False
+    new = []
+    for name in reversed(sys.modules):
+        if name == _INDEXED[0]:
+            break
+        new.append(name)
+    else:
+        return False
+    for name in reversed(new):  # in import order, as the rescan goes
+        module = sys.modules.get(name)
+        if not inspect.ismodule(module) or not hasattr(module, "__file__"):
+            continue
+        file = module.__file__
+        if file == by_name.get(name):
+            continue
+        by_name[name] = file
+        try:
+            file = inspect.getabsfile(module)
+        except TypeError:  # a module whose __file__ is None: the rescan fails on it too
+            return False
+        by_file[file] = by_file[os.path.realpath(file)] = module.__name__
+    return True
 
 
 def _warm(session: Any) -> None:
@@ -167,6 +208,8 @@ def _warm(session: Any) -> None:
     _index_modules()
     if not session.items:
         return
+    for item in session.items:
+        item.location  # noqa: B018 - a cached property every report reads: computed once, here
     try:
         _probe()
     except AssertionError as error:
@@ -295,7 +338,7 @@ def bind(session: Any, reporter: Any, watch: Any) -> None:
 def _rebind(session: Any, module: str) -> None:
     from _pytest.runner import pytest_make_collect_report
 
-    importlib.invalidate_caches()  # the workspace was written after the template looked at it
+    _invalidate_workspace_finders()  # the workspace was written after the template looked at it
     dropped = set()
     for node, mod, names in _BINDINGS:
         node.collect = functools.partial(_import_answer, node, mod, names, module)
@@ -309,6 +352,25 @@ def _rebind(session: Any, module: str) -> None:
     if dropped:
         session.items[:] = [item for item in session.items if item.getparent(pytest.Module) not in dropped]
         session.testscollected = len(session.items)
+
+
+def _invalidate_workspace_finders() -> None:
+    """What `importlib.invalidate_caches` does for the path finders of the workspace's folders
+    (forget a folder that had none, make the others read their folder again): the answer, a
+    top-level module (`process_mode.template_problems`), is the only file written since the
+    template collected, and nothing outside the workspace changed. The other finders are left
+    alone, so that each answer's process does not touch every finder the template holds."""
+    workspace = os.getcwd().rstrip("/") + "/"
+    for path in [name for name in sys.path_importer_cache
+                 if not os.path.isabs(name) or (name.rstrip("/") + "/").startswith(workspace)]:
+        finder = sys.path_importer_cache[path]
+        if finder is None or not os.path.isabs(path):
+            del sys.path_importer_cache[path]
+        elif hasattr(finder, "invalidate_caches"):
+            finder.invalidate_caches()
+    namespace_path = getattr(getattr(importlib, "_bootstrap_external", None), "_NamespacePath", None)
+    if isinstance(getattr(namespace_path, "_epoch", None), int):
+        namespace_path._epoch += 1  # type: ignore[union-attr]  # namespace packages look again, as there
 
 
 def _import_answer(node: Any, mod: types.ModuleType, names: list[tuple[str, str | None]], module: str) -> list[Any]:
