@@ -27,7 +27,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -67,6 +66,7 @@ from tidal.sandbox.batch import (
 )
 from tidal.sandbox.cgroup import Cgroup, Cgroups
 from tidal.sandbox.image import DEFAULT_IMAGE
+from tidal.sandbox.leftovers import make_run_dir
 from tidal.sandbox.mounts import image_mounts, parent_dirs, system_args
 from tidal.sandbox.process import supervise
 from tidal.sandbox.seccomp import build_filter, filter_fd
@@ -238,7 +238,7 @@ class BwrapBackend:
     ) -> SandboxResult:
         if not argv:
             raise ValueError("argv must name a command")
-        run_dir = Path(tempfile.mkdtemp(prefix="tidal-sandbox-", dir=self.workdir))
+        run_dir = make_run_dir("tidal-sandbox-", self.workdir)
         try:
             workspace = self._prepare(run_dir, harness_files)
             self.prepare_workspace(workspace, limits)
@@ -478,7 +478,7 @@ class BwrapBackend:
         `SandboxUnavailableError` when the sandbox or the zygote does not start. bwrap dies with
         the thread that calls this (`--die-with-parent`): open zygotes that outlive a call from a
         thread that lives as long as they do."""
-        run_dir = Path(tempfile.mkdtemp(prefix="tidal-batch-", dir=self.workdir))
+        run_dir = make_run_dir("tidal-batch-", self.workdir)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         stack = contextlib.ExitStack()
         stack.callback(remove_tree, run_dir)

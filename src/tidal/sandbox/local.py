@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from tidal.sandbox.base import (
     remove_tree,
     write_tree,
 )
+from tidal.sandbox.leftovers import make_run_dir
 from tidal.sandbox.process import supervise
 from tidal.types import Limits
 
@@ -77,7 +77,7 @@ class UnsafeLocalBackend:
         )
         if not argv:
             raise ValueError("argv must name a command")
-        run_dir = Path(tempfile.mkdtemp(prefix="tidal-unsafe-", dir=self.workdir))
+        run_dir = make_run_dir("tidal-unsafe-", self.workdir)
         try:
             workspace, harness = run_dir / "workspace", run_dir / "harness"
             workspace.mkdir()

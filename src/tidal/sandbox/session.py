@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 
 from tidal.errors import TidalError
 from tidal.sandbox.base import SandboxBackend, SandboxResult, chown_tree, remove_tree, safe_relative_path, write_tree
+from tidal.sandbox.leftovers import make_run_dir
 from tidal.types import Limits
 
 SNAPSHOT_CAP_MB = 256
@@ -323,7 +324,7 @@ class SandboxSession:
 class SessionStore:
     """Where sessions and their snapshots live; delete it with `close` when the episode group ends."""
 
-    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tidal-sessions-")))
+    root: Path = field(default_factory=lambda: make_run_dir("tidal-sessions-"))
 
     def close(self) -> None:
         remove_tree(self.root)
