@@ -497,7 +497,7 @@ def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) ->
         "8.76x); a full run with them (13:44 UTC) gave 9.60x (auto; 53.1 ms vs 503.8 ms), 13.39x and 9.31x. "
         "`python bench/sandbox_costs.py` put a template at 66-81 ms of CPU without bases and 47-55 ms with "
         "them. Then a template came to index only the modules imported since its base (inspect's index of "
-        "module files, whose rescan read every module object and so copied ~400 pages per template), and an "
+        "module files, whose rescan read every module object and so copied its page), and an "
         "answer's process to reuse from its template libc's `prctl`, pytest's item locations and the import "
         "finders of folders outside the workspace. Back to back with `--verify-only` (about 15:25 UTC), the "
         "commit before that (e65024e) gave 9.96x (auto; CPU per sample 45.0 ms vs 442.5 ms, a CPU ratio of "
