@@ -165,7 +165,7 @@ def _index_modules() -> None:
     Where an index was made whole before (in the zygote, or in the base a template was forked
     from), only the modules imported since are indexed, as the rescan would index them: the
     rescan reads every module object, and in a forked process each read of an object copies the
-    page it is on (~500 pages, a tenth of a template's start)."""
+    page it is on."""
     if not _index_new_modules():
         inspect.getmodule(None, "<tidal: the module index>")  # no module has that file: a full rescan
     _INDEXED[:] = [next(reversed(sys.modules), "")]
