@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -56,6 +57,7 @@ def ray_cluster() -> Iterator[str]:
             ray.shutdown()
         # `ray stop` stops every Ray node of this machine: there is no other one in a test run.
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120, check=False)
+        shutil.rmtree(temp_dir, ignore_errors=True)  # the cluster's session folder and logs
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
