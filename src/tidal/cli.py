@@ -222,6 +222,22 @@ def sandbox_run(
     raise typer.Exit(exit_status(result))
 
 
+@sandbox_app.command("sweep")
+def sandbox_sweep(
+    folder: Optional[Path] = typer.Argument(None, help="where the run folders are (default: the temporary folder)"),
+) -> None:
+    """Remove what killed runs left: run folders whose process is gone, their workspace mounts and
+    stray bwrap processes (every run also does this once per folder, when it makes its first run
+    folder there)."""
+    from tidal.sandbox.leftovers import sweep
+
+    try:
+        swept = sweep(folder)
+    except OSError as error:
+        _fail(error)
+    typer.echo(f"removed {swept.folders} run folder(s), {swept.mounts} mount(s), {swept.processes} process(es)")
+
+
 @image_app.command("build")
 def image_build(
     spec: str = typer.Argument("python3", help="an image spec YAML file, or python3 (the default image)"),

@@ -73,3 +73,18 @@ def test_image_build_and_list(tmp_path: Path) -> None:
     bad.write_text("name: x\npackages: [numpy]\n")
     done = tidal("image", "build", str(bad), "--root", str(root))
     assert done.returncode == 2 and "not an exact pin" in done.stderr
+
+
+def test_sweep_removes_the_run_folders_of_a_process_that_is_gone(tmp_path: Path) -> None:
+    code = "import sys; from tidal.sandbox.leftovers import make_run_dir; print(make_run_dir('tidal-batch-', sys.argv[1]))"
+    made = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                          check=True)
+    left = Path(made.stdout.strip())  # its process has exited without deleting it
+    (left / "workspace").mkdir()
+    (left / "workspace" / "answer.py").write_text("x = 1\n")
+    kept = tmp_path / "tidal-batch-notours"  # no owner file: not known to be a run's, left alone
+    kept.mkdir()
+    done = tidal("sandbox", "sweep", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "removed 1 run folder(s), 0 mount(s), 0 process(es)"
+    assert not left.exists() and kept.exists()

@@ -143,12 +143,16 @@ def sweep(folder: str | Path | None = None) -> Swept:
         if owner is None or not _dead(owner, here):
             continue
         run_dir = Path(entry.path)
-        swept.processes += _kill_bwraps(run_dir)
-        mounts = _mounts_under(run_dir)
-        for mount in sorted(mounts, key=len, reverse=True):  # the deepest first
-            unmount(Path(mount))
-        swept.mounts += len(mounts)
-        remove_tree(run_dir)
+        try:
+            swept.processes += _kill_bwraps(run_dir)
+            mounts = _mounts_under(run_dir)
+            for mount in sorted(mounts, key=len, reverse=True):  # the deepest first
+                unmount(Path(mount))
+            swept.mounts += len(mounts)
+            remove_tree(run_dir)
+        except OSError as error:  # another user's folder, or one a process still holds: the next one
+            log.warning("could not remove %s, which a killed run left: %s", run_dir, error)
+            continue
         swept.folders += 1
     if swept.folders:
         log.info("removed %d run folder(s) that killed runs left in %s (%d mount(s), %d process(es))",
