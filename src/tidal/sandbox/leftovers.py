@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -178,16 +179,8 @@ def _mounts_under(path: Path) -> list[str]:
 
 
 def _unescape(field: str) -> str:
-    """A mountinfo field with its octal escapes (space, tab, newline, backslash) decoded."""
-    out, index = [], 0
-    while index < len(field):
-        if field[index] == "\\" and field[index + 1:index + 4].isdigit():
-            out.append(chr(int(field[index + 1:index + 4], 8)))
-            index += 4
-        else:
-            out.append(field[index])
-            index += 1
-    return "".join(out)
+    """A mountinfo field with its octal escapes ("\\040" is a space) decoded."""
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
 
 
 def _kill_bwraps(run_dir: Path) -> int:
