@@ -28,7 +28,8 @@ def trim_padding(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Ten
 def _row_logprobs(
     logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """logits (T-1, V) of one sequence, targets (T-1,) -> logprobs (T-1,), entropy (T-1,) | None."""
+    """logits (..., V), targets (...) -> logprobs (...), entropy (...) | None: one sequence
+    (T-1, V) or a batch of them (B, T-1, V)."""
     # At least fp32 (a view when the model already returns fp32; fp64 stays fp64).
     scores = logits.to(torch.promote_types(logits.dtype, torch.float32))  # (T-1, V)
     if temperature != 1.0:
@@ -41,6 +42,28 @@ def _row_logprobs(
             probs = torch.softmax(scores, dim=-1)  # (T-1, V)
             entropy = log_z - (probs * scores).sum(dim=-1)  # (T-1,)
     return picked - log_z, entropy
+
+
+def sequence_logprobs(
+    scores: Tensor, targets: Tensor, temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Logprobs (B, T) of `targets` (B, T) under softmax(scores / temperature), scores (B, T, V),
+    and the entropies (B, T) when asked, in at least fp32.
+
+    fp32 (or wider) scores are computed in one pass over the batch: no copy is made. Narrower
+    ones (autocast) one row at a time, so that only one row's fp32 copy exists at once. Rows are
+    taken with `unbind`, whose backward writes every row's gradient into one (B, T, V) tensor:
+    indexing row b instead (`scores[b]`) has autograd zero-fill a whole (B, T, V) gradient for
+    each row and add them up, B times the work of the loss's own backward."""
+    if scores.dtype in (torch.float32, torch.float64):
+        return _row_logprobs(scores, targets, temperature, with_entropy, entropy_grad)
+    rows = [_row_logprobs(row, target, temperature, with_entropy, entropy_grad)
+            for row, target in zip(scores.unbind(0), targets.unbind(0))]
+    if not rows:
+        empty = scores.new_zeros(targets.shape, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    logprobs = torch.stack([lp for lp, _ in rows])
+    return logprobs, (torch.stack([ent for _, ent in rows]) if with_entropy else None)  # type: ignore[misc]
 
 
 def token_logprobs(
@@ -58,29 +81,24 @@ def token_logprobs(
     softmax(logits / temperature), 0 at position 0 and on padding; and, with `with_entropy`, the
     entropy (B, T) of the same next-token distribution (0 at position 0 and on padding). The
     entropy stays out of the autograd graph unless `entropy_grad` (an entropy bonus needs it).
-    The log-softmax runs one sequence at a time in fp32, so no (B, T, V) fp32 copy is made.
+    The log-softmax runs in at least fp32 (`sequence_logprobs`: one row at a time when the
+    logits are narrower, so no (B, T, V) fp32 copy is made).
     `autocast_dtype` runs the model's forward under autocast (e.g. torch.bfloat16).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute logprobs, got {temperature}")
-    batch, length = input_ids.shape
+    batch = input_ids.shape[0]
     with autocast_context(input_ids.device, autocast_dtype):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
 
-    rows, entropies = [], []
-    for b in range(batch):
-        lp, ent = _row_logprobs(logits[b, :-1], input_ids[b, 1:], temperature, with_entropy, entropy_grad)
-        rows.append(lp)
-        entropies.append(ent)
+    shifted, shifted_entropy = sequence_logprobs(
+        logits[:, :-1], input_ids[:, 1:], temperature, with_entropy, entropy_grad)  # (B, T-1) each
     del logits
     valid = attention_mask[:, 1:].bool()  # (B, T-1)
-    dtype = rows[0].dtype if rows else torch.float32
-    first = torch.zeros(batch, 1, dtype=dtype, device=input_ids.device)  # (B, 1)
-    shifted = torch.stack(rows) if length > 1 else first[:, :0]  # (B, T-1)
+    first = torch.zeros(batch, 1, dtype=shifted.dtype, device=input_ids.device)  # (B, 1)
     logprobs = torch.cat([first, torch.where(valid, shifted, torch.zeros_like(shifted))], dim=1)  # (B, T)
-    if not with_entropy:
+    if shifted_entropy is None:
         return logprobs, None
-    shifted_entropy = torch.stack(entropies) if length > 1 else first[:, :0]  # type: ignore[arg-type]
     entropy = torch.cat([first, torch.where(valid, shifted_entropy, torch.zeros_like(shifted_entropy))], dim=1)
     return logprobs, entropy  # (B, T), (B, T)
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from tidal.trainer.logprobs import _row_logprobs, autocast_context
+from tidal.trainer.logprobs import autocast_context, sequence_logprobs
 
 
 def prompt_groups(input_ids: Tensor, prompt_lengths: Tensor) -> tuple[list[list[int]], list[int]]:
@@ -99,24 +99,16 @@ def shared_prefix_logprobs(
         completion_logits = model(input_ids=completion_ids, attention_mask=full_mask,
                                   position_ids=completion_positions, use_cache=True, **{cache_arg: cache}).logits
     # Row b's completion token j is predicted by its prompt's last logits (j = 0), else by
-    # completion position j - 1.
-    logprobs = torch.zeros((batch, length), dtype=torch.float32, device=device)  # (B, T)
-    entropy = torch.zeros((batch, length), dtype=torch.float32, device=device) if with_entropy else None
-    out_rows, out_entropy = [], []
-    for b in range(batch):
-        count = completion_lengths[b]
-        if count == 0:  # an empty completion: nothing to compute
-            out_rows.append(prompt_logits.new_zeros(0, dtype=torch.float32))
-            out_entropy.append(prompt_logits.new_zeros(0, dtype=torch.float32) if with_entropy else None)
-            continue
-        scores = torch.cat([prompt_logits[source[b]][None], completion_logits[b, : count - 1]])  # (count, V)
-        lp, ent = _row_logprobs(scores, completion_ids[b, :count], temperature, with_entropy, entropy_grad)
-        out_rows.append(lp)
-        out_entropy.append(ent)
-    logprobs = _place(logprobs, out_rows, starts)
-    if entropy is not None:
-        entropy = _place(entropy.to(logprobs.dtype), out_entropy, starts)  # type: ignore[arg-type]
-    return logprobs, entropy
+    # completion position j - 1; positions past a row's completion are padding, cut off below.
+    scores = torch.cat([prompt_logits[rows][:, None], completion_logits[:, :-1]], dim=1)  # (B, C, V)
+    values, entropies = sequence_logprobs(scores, completion_ids, temperature, with_entropy, entropy_grad)  # (B, C)
+    logprobs = torch.zeros((batch, length), dtype=values.dtype, device=device)  # (B, T)
+    # Each row's values with unbind, not values[b]: see `sequence_logprobs`.
+    logprobs = _place(logprobs, [row[:count] for row, count in zip(values.unbind(0), completion_lengths)], starts)
+    if entropies is None:
+        return logprobs, None
+    entropy = torch.zeros((batch, length), dtype=values.dtype, device=device)  # (B, T)
+    return logprobs, _place(entropy, [row[:count] for row, count in zip(entropies.unbind(0), completion_lengths)], starts)
 
 
 def _place(base: Tensor, rows: list[Tensor], starts: list[int]) -> Tensor:

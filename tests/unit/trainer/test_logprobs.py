@@ -1,4 +1,5 @@
-"""token_logprobs against a naive per-position computation; collate layout."""
+"""token_logprobs against a naive per-position computation; sequence_logprobs' two paths and
+what their backward allocates; collate layout."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from tidal.algos.losses import entropy_from_logits
-from tidal.trainer.logprobs import collate, token_logprobs
+from tidal.trainer.logprobs import collate, sequence_logprobs, token_logprobs
 from tidal.types import Completion, Episode, Outcome, Score
 
 from .tiny import build_model
@@ -42,6 +43,61 @@ def test_token_logprobs_gradient_flows_and_entropy_is_detached_by_default() -> N
     assert entropy.requires_grad
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(model, ids, torch.ones_like(ids), temperature=0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_scores_row_by_row_equal_the_batch_in_fp32(dtype: torch.dtype) -> None:
+    # Narrow (autocast) scores go one row at a time; their values, entropies and gradients are
+    # those of the whole batch upcast to fp32 and computed at once.
+    generator = torch.Generator().manual_seed(0)
+    base = (torch.randn(3, 5, 11, generator=generator) * 3).to(dtype)
+    targets = torch.randint(0, 11, (3, 5), generator=generator)
+    weights = torch.randn(3, 5, generator=generator)
+    results = []
+    for scores, upcast in ((base.clone().requires_grad_(), False), (base.clone().requires_grad_(), True)):
+        logprobs, entropy = sequence_logprobs(scores.float() if upcast else scores, targets, 0.8,
+                                              with_entropy=True, entropy_grad=True)
+        assert logprobs.dtype == entropy.dtype == torch.float32 and logprobs.shape == entropy.shape == (3, 5)
+        ((logprobs + entropy) * weights).sum().backward()
+        results.append((logprobs.detach(), entropy.detach(), scores.grad))
+    (lp_rows, ent_rows, grad_rows), (lp_batch, ent_batch, grad_batch) = results
+    torch.testing.assert_close(lp_rows, lp_batch)
+    torch.testing.assert_close(ent_rows, ent_batch)
+    torch.testing.assert_close(grad_rows, grad_batch)
+    empty = sequence_logprobs(base[:0], targets[:0], with_entropy=True)
+    assert empty[0].shape == empty[1].shape == (0, 5)  # type: ignore[union-attr]
+
+
+def _full_size_fills(run: object, shape: tuple[int, ...]) -> int:
+    """How many zero fills of a tensor of `shape` `run()` makes."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        run()  # type: ignore[operator]
+    return sum(1 for event in prof.events() if event.name in ("aten::fill_", "aten::zero_")
+               and event.input_shapes and tuple(event.input_shapes[0]) == shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_backward_writes_each_rows_gradient_once(dtype: torch.dtype) -> None:
+    # Taking row b as `scores[b]` made autograd zero-fill a whole (B, T, V) gradient per row and
+    # add the B of them up: B times the work of the loss's own backward.
+    rows, length, vocab = 8, 6, 50
+    scores = torch.randn(rows, length, vocab).to(dtype).requires_grad_()
+    targets = torch.randint(0, vocab, (rows, length))
+
+    def backward() -> None:
+        logprobs, _ = sequence_logprobs(scores, targets)
+        logprobs.sum().backward()
+
+    assert _full_size_fills(backward, (rows, length, vocab)) <= 1
+    model = build_model(seed=3)
+    ids = torch.randint(1, 200, (rows, length))
+
+    def through_the_model() -> None:
+        logprobs, _ = token_logprobs(model, ids, torch.ones_like(ids))
+        logprobs.sum().backward()
+
+    vocab_size = model.config.vocab_size
+    assert _full_size_fills(through_the_model, (rows, length, vocab_size)) <= 1
 
 
 def _episode(prompt: list[int], tokens: list[int], logprobs: list[float], advantage: float) -> Episode:

@@ -19,6 +19,7 @@ from tidal.trainer.prefix import prompt_groups, shared_prefix_logprobs
 from tidal.trainer.trainer import Trainer
 from tidal.types import Completion, Episode, TrainBatch
 
+from .test_logprobs import _full_size_fills
 from .tiny import VOCAB, build_model
 
 
@@ -141,3 +142,18 @@ def test_collate_records_where_each_completion_starts() -> None:
     for episode in episodes:
         episode.advantage = 0.5
     assert collate(episodes, pad_id=0).prompt_lengths.tolist() == [3, 5]
+
+
+def test_the_backward_writes_each_completions_gradient_once() -> None:
+    # Each row's scores were `completion_logits[b, :count]`: a whole (B, C, V) gradient zero-filled
+    # per row in the backward (see test_logprobs.py).
+    model = build_model(seed=4).train()
+    batch = grouped_batch(model)
+    span = int((batch.attention_mask.sum(dim=1) - batch.prompt_lengths).max())
+
+    def backward() -> None:
+        logprobs, _ = shared_prefix_logprobs(model, batch.input_ids, batch.attention_mask, batch.prompt_lengths)
+        (logprobs * batch.completion_mask).sum().backward()
+
+    # A fixed few (2 here: one is the slice that drops the last position), not one per row (9).
+    assert _full_size_fills(backward, (batch.input_ids.shape[0], span, VOCAB)) <= 2
