@@ -102,13 +102,13 @@ def shared_prefix_logprobs(
     # completion position j - 1; positions past a row's completion are padding, cut off below.
     scores = torch.cat([prompt_logits[rows][:, None], completion_logits[:, :-1]], dim=1)  # (B, C, V)
     values, entropies = sequence_logprobs(scores, completion_ids, temperature, with_entropy, entropy_grad)  # (B, C)
-    logprobs = torch.zeros((batch, length), dtype=values.dtype, device=device)  # (B, T)
-    # Each row's values with unbind, not values[b]: see `sequence_logprobs`.
-    logprobs = _place(logprobs, [row[:count] for row, count in zip(values.unbind(0), completion_lengths)], starts)
-    if entropies is None:
-        return logprobs, None
-    entropy = torch.zeros((batch, length), dtype=values.dtype, device=device)  # (B, T)
-    return logprobs, _place(entropy, [row[:count] for row, count in zip(entropies.unbind(0), completion_lengths)], starts)
+
+    def placed(per_position: Tensor) -> Tensor:  # (B, C) -> (B, T), row b from column starts[b]
+        # Each row with unbind, not per_position[b]: see `sequence_logprobs`.
+        rows = [row[:count] for row, count in zip(per_position.unbind(0), completion_lengths)]
+        return _place(torch.zeros((batch, length), dtype=values.dtype, device=device), rows, starts)
+
+    return placed(values), (placed(entropies) if entropies is not None else None)
 
 
 def _place(base: Tensor, rows: list[Tensor], starts: list[int]) -> Tensor:
