@@ -1,7 +1,9 @@
-"""The backend registry: names, the config's choices, and a clear error when Ray is missing."""
+"""The backend registry: names, the config's choices, a clear error when Ray is missing, and what
+a Ray scorer actor's process imports."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import typing
 
@@ -47,3 +49,18 @@ def test_scoring_shares_keep_a_tasks_answers_together() -> None:
     assert all(owner[items[i][0].id] == n for n, share in enumerate(shares) for i in share)
     assert len(shares) == 2 and split_by_task(items, 8) and len(split_by_task(items, 8)) == 3
     assert split_by_task([], 3) == []
+
+
+def test_a_ray_scorer_actor_imports_no_model_libraries() -> None:
+    """A Ray worker imports the module that defines its actor's class. The scorer actor's must not
+    pull in torch or transformers (seconds of start-up and hundreds of MB in every scorer)."""
+    from tidal.pipeline.backends.ray import ScorerActor
+
+    probe = (
+        f"import sys\nfrom {ScorerActor.__module__} import ScorerActor\n"
+        "from tidal.config.schema import RewardConfig\nScorerActor(RewardConfig()).close()\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

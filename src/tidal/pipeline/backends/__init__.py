@@ -27,12 +27,12 @@ from tidal.errors import (  # noqa: F401 (re-exported)
     UnknownNameError,
     WorkerLostError,
 )
-from tidal.pipeline.weights import Publication
-from tidal.rollout.engine import Cancel
 from tidal.types import Episode, Score, Task
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch and transformers: a process that only scores (a Ray scorer actor) never loads them
     from tidal.pipeline.loop import LoopParts
+    from tidal.pipeline.weights import Publication
+    from tidal.rollout.engine import Cancel
 
 
 class RolloutWorker(Protocol):

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from tidal.config.schema import RewardConfig, TidalConfig
+from tidal.config.schema import TidalConfig
 from tidal.errors import PreemptedError
 from tidal.pipeline.backends import (
     BackendUnavailableError,
@@ -58,6 +58,7 @@ from tidal.pipeline.backends import (
     Workers,
     split_by_task,
 )
+from tidal.pipeline.backends.ray_scorer import ScorerActor
 from tidal.pipeline.loop import LoopParts, sample_episodes
 from tidal.pipeline.weights import (
     UNLOADED,
@@ -66,7 +67,6 @@ from tidal.pipeline.weights import (
     check_canary,
     load_verified,
 )
-from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import Cancel, EmbeddedEngine
 from tidal.types import Episode, Score, Task
 
@@ -176,22 +176,6 @@ class RolloutActor:
             load_verified(engine, dataclasses.replace(header, state=tensors), pipeline.canary_tolerance)
             self.loaded = header
         return sample_episodes(self.parts, tasks, step, indices, cancel)  # type: ignore[arg-type]
-
-
-class ScorerActor:
-    """Scores (task, answer) pairs with its own `Scorer` and sandbox pool (a Ray actor)."""
-
-    def __init__(self, config: RewardConfig) -> None:
-        self.scorer = Scorer(config)
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def score_many(self, items: list[tuple[Task, str | bytes]]) -> tuple[int, list[Score]]:
-        return os.getpid(), self.scorer.score_many(items)
-
-    def close(self) -> None:
-        self.scorer.close()
 
 
 class _Restarts:
