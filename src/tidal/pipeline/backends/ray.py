@@ -14,7 +14,10 @@ What the actors are sent, explicitly:
   version (`ray.put` in the driver, shared by the rollout actors) and are fetched by an actor only
   when it holds another version; it verifies them (`weights.load_verified`) before it generates with them.
 - each scorer actor: the reward config, once; then the (task, answer) pairs of its share of a
-  batch (`split_by_task`: all answers to one task go to one scorer, in one sandbox batch).
+  batch (`split_by_task`: all answers to one task go to one scorer, in one sandbox batch). Its
+  class lives in `ray_scorer.py`, which imports no torch or transformers: a Ray worker imports
+  the module of its actor's class, and a scorer has no use for the model libraries (seconds of
+  imports and hundreds of MB of memory in every scorer process).
 
 The driver writes the store, from its scorer thread, before the trainer may use a batch, as on
 the local backend: exactly-once rests on the store's ledger and the trajectory ids, which a
