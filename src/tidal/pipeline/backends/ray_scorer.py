@@ -1,8 +1,8 @@
 """The Ray backend's scorer actor, in a module of its own: a Ray worker imports the module that
 defines an actor's class, and this one imports only the reward layer (the scorer, its sandbox
-pool, the config and the task types), not torch or transformers. A scorer actor starts in about
-half a second of imports instead of several seconds, and holds no model libraries in memory: a
-scoring-only node of a cluster needs none (tests/unit/pipeline/test_backends.py checks the
+pool, the config and the task types), not torch or transformers. A scorer actor starts without
+their seconds of imports and holds none of their memory: a scoring-only node of a cluster needs
+no model libraries (tests/unit/pipeline/test_backends.py checks the
 imports in a fresh interpreter)."""
 
 from __future__ import annotations
