@@ -11,6 +11,7 @@ tricks fail by themselves (fewer than all tests pass), which the table checks to
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -80,13 +81,16 @@ def scores() -> dict[tuple[str, str, str], Score]:
         pytest.skip(f"bwrap sandbox unavailable on this host: {error}")
     ctx = ScoringContext(backend)
     names = [*HACKS, *HONEST]
-    found: dict[tuple[str, str, str], Score] = {}
-    for mode in MODES:
-        task = make_task(mode)
-        for name in names:
-            found["single", mode, name] = get_verifier("python_tests")(task, answer(name), ctx)
-        for name, score in zip(names, python_tests_batch(task, [answer(name) for name in names], ctx)):
-            found["batch", mode, name] = score
+    tasks = {mode: make_task(mode) for mode in MODES}
+    verify = get_verifier("python_tests")
+    # Two at a time, as a scorer's sandbox pool runs them: each is a sandbox of its own.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        single = {(mode, name): pool.submit(verify, tasks[mode], answer(name), ctx) for mode in MODES for name in names}
+        batch = {mode: pool.submit(python_tests_batch, tasks[mode], [answer(name) for name in names], ctx)
+                 for mode in MODES}
+        found = {("single", *key): future.result() for key, future in single.items()}
+        for mode, future in batch.items():
+            found.update({("batch", mode, name): score for name, score in zip(names, future.result())})
     return found
 
 
