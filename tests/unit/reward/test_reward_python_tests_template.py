@@ -9,6 +9,7 @@ import ast
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,8 @@ def test_a_template_scores_every_answer_as_a_session_of_its_own(
     batched = python_tests_batch(task(mode), answers, ScoringContext(pool))  # type: ignore[arg-type]
     assert pool.stats.templates == 1 and pool.stats.unvouched == 0  # one template served them all
     assert pool.stats.from_bases == 0  # a task with a conftest.py gets a template started alone
-    single = [get_verifier("python_tests")(task(mode), answer, sandboxed) for answer in answers]
+    with ThreadPoolExecutor(max_workers=2) as threads:  # two sandboxes at a time, as a scorer runs them
+        single = list(threads.map(lambda answer: get_verifier("python_tests")(task(mode), answer, sandboxed), answers))
     for name, one, alone in zip(ANSWERS, batched, single):
         assert (round(one.value, 6), one.outcome) == (round(alone.value, 6), alone.outcome), (name, one.detail, alone.detail)
         assert one.info.get("tamper") == alone.info.get("tamper") or name == "daemon", name
