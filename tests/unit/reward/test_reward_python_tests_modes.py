@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,17 @@ if __name__ == "__main__":
 def test_the_scan_leaves_honest_code_alone() -> None:
     assert scan_answer(HONEST, ["test_solution.py"]) == []
     assert scan_answer("def f(:\n", ["test_solution.py"]) == []  # does not parse: the run will fail on its own
+
+
+def test_the_scan_shows_none_of_the_compilers_warnings_about_an_answer() -> None:
+    """The compiler's "invalid decimal literal" and "invalid escape sequence" are the answer's
+    business: the scan, which parses every answer on the host, shows neither (they went to the
+    run's console)."""
+    code = 'def f(xs):\n    return 1if xs else 0\n\nPATTERN = "\\d+"\n'
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert scan_answer(code, ["test_solution.py"]) == []
+    assert [str(w.message) for w in caught] == []
 
 
 @pytest.mark.parametrize("code, finding", [
