@@ -39,7 +39,7 @@ OVERRIDES = [
     "trainer.steps=30",
     "trainer.lr=3e-4",
     "trainer.warmup_steps=3",
-    "trainer.checkpoint_every=15",
+    "trainer.checkpoint_every=24",  # checkpoints at 24 and 30: the resume below replays 6 steps
     "eval.samples_per_task=2",
     "run.progress=false",
     "run.seed=3",
@@ -65,7 +65,7 @@ def test_joint_run_raises_every_domains_reward_and_resumes_its_state(tmp_path: P
     assert set(saved["curricula"]) == set(DOMAINS)
     assert saved["normaliser"]["domains"]["knowledge"]["state"]["count"] == rows[-1]["norm/knowledge/count"]
 
-    # Resuming from the step-15 checkpoint continues with the state it saved, not a fresh one.
+    # Resuming from the step-24 checkpoint continues with the state it saved, not a fresh one.
     state = json.loads(run.path.joinpath("state.json").read_text())
     state.pop("rl"), state.pop("eval_after"), state.pop("done")
     run.path.joinpath("state.json").write_text(json.dumps(state))
