@@ -93,12 +93,15 @@ def interleaved(runs: dict[str, Callable[[], Any]], repeats: int,
     return seconds
 
 
-def process_tree() -> dict[int, tuple[int, float, float]]:
+Tree = dict[int, tuple[int, float, float, int, int]]
+
+
+def process_tree() -> Tree:
     """This process and each live process below it, from /proc (the warm sandboxes' processes are
     this process's descendants): pid -> (depth below this process, own CPU seconds, CPU seconds of
-    the children it reaped), user + system."""
+    the children it reaped (user + system), own minor page faults, those of the children it reaped)."""
     tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float, float]] = {}
+    stats: dict[int, tuple[int, float, float, int, int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -107,16 +110,16 @@ def process_tree() -> dict[int, tuple[int, float, float]]:
                 continue
             fields = data[data.rindex(b")") + 2:].split()
             stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
-                                 (int(fields[13]) + int(fields[14])) / tick)
+                                 (int(fields[13]) + int(fields[14])) / tick, int(fields[7]), int(fields[8]))
     children: dict[int, list[int]] = {}
-    for pid, (parent, _, _) in stats.items():
+    for pid, (parent, *_) in stats.items():
         children.setdefault(parent, []).append(pid)
-    found: dict[int, tuple[int, float, float]] = {}
+    found: Tree = {}
     pending = [(os.getpid(), 0)]
     while pending:
         pid, depth = pending.pop()
         if pid in stats:
-            found[pid] = (depth, stats[pid][1], stats[pid][2])
+            found[pid] = (depth, *stats[pid][1:])
             pending += [(child, depth + 1) for child in children.get(pid, [])]
     return found
 
@@ -124,7 +127,7 @@ def process_tree() -> dict[int, tuple[int, float, float]]:
 def tree_cpu_s() -> dict[int, float]:
     """CPU seconds (user + system, own and reaped children's) of this process and each live process
     below it (`process_tree`)."""
-    return {pid: own + reaped for pid, (_, own, reaped) in process_tree().items()}
+    return {pid: own + reaped for pid, (_, own, reaped, *_) in process_tree().items()}
 
 
 def image_interpreter() -> tuple[str, dict[str, str]]:

@@ -17,8 +17,12 @@ every process below this one from /proc before and after the timed rounds:
   also shown per template started.
 
 The bwrap processes above the zygotes are counted with the helpers. Medians over --repeats rounds
-of each kind, in milliseconds per sample; the section "## Sandbox pool: where a sample's CPU
-goes" of bench/RESULTS.md gets the table unless --no-write.
+of each kind, in milliseconds per sample. The same readings give each part's minor page faults per
+sample (the jobs' and the templates' together: what the zygotes reaped); in a pool they are mostly
+copy-on-write copies of the pages a fork shares with the process it was forked from. What one such
+fault costs on this host is measured once (`fault_cost_us`: a forked child writing one byte on
+each page of its parent's 32 MiB). The section "## Sandbox pool: where a sample's CPU goes" of
+bench/RESULTS.md gets both tables unless --no-write.
 
     python bench/sandbox_costs.py                      # both modes, about two minutes on 2 cores
     python bench/sandbox_costs.py --modes in_process --repeats 1 --no-write   # a smoke run
@@ -28,21 +32,25 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
+import resource
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from results_md import machine, write_section  # noqa: E402
-from sandbox import code_tasks, process_tree  # noqa: E402  # bench/sandbox.py
+from sandbox import Tree, code_tasks, process_tree  # noqa: E402  # bench/sandbox.py
 from scoring import variants  # noqa: E402
 
 SECTION = "## Sandbox pool: where a sample's CPU goes"
 KINDS = {"right": 0, "wrong (return 0)": 2, "does not import": 5}  # index into scoring.variants
 PARTS = ("host", "zygotes", "helpers", "jobs", "templates and the rest")
+FAULT_PARTS = ("host", "zygotes", "helpers", "jobs and templates")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,11 +68,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def zygote_depth(tree: dict[int, tuple[int, float, float]]) -> int:
+def zygote_depth(tree: Tree) -> int:
     """The depth of the zygotes below this process: the shallowest Python processes that run
     tidal_zygote (the bwrap processes above them name it among their arguments)."""
     depths = []
-    for pid, (depth, _, _) in tree.items():
+    for pid, (depth, *_) in tree.items():
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             if Path(argv[0].decode()).name.startswith("python") and any(b"tidal_zygote" in arg for arg in argv):
@@ -76,22 +84,62 @@ def zygote_depth(tree: dict[int, tuple[int, float, float]]) -> int:
     return min(depths)
 
 
-def split(before: dict[int, tuple[int, float, float]], after: dict[int, tuple[int, float, float]], zygotes: int,
-          jobs_s: float, samples: int) -> dict[str, float]:
-    """Milliseconds per sample of each part of PARTS between two `process_tree` readings."""
+def split(before: Tree, after: Tree, zygotes: int, jobs_s: float, samples: int) -> dict[str, float]:
+    """Between two `process_tree` readings: milliseconds per sample of each part of PARTS, and
+    minor page faults per sample of each part of FAULT_PARTS (keys prefixed "faults ")."""
     def delta(keep: Callable[[int], bool], field: int) -> float:
-        return sum(values[field] - (before[pid][field] if pid in before else 0.0)
+        return sum(values[field] - (before[pid][field] if pid in before else 0)
                    for pid, values in after.items() if keep(values[0]))
 
-    reaped = delta(lambda depth: depth == zygotes, 2)
+    def host(depth: int) -> bool:
+        return depth == 0
+
+    def zygote(depth: int) -> bool:
+        return depth == zygotes
+
+    def helper(depth: int) -> bool:
+        return depth != 0 and depth != zygotes
+
+    reaped = delta(zygote, 2)
     parts = {
-        "host": delta(lambda depth: depth == 0, 1),
-        "zygotes": delta(lambda depth: depth == zygotes, 1),
-        "helpers": delta(lambda depth: depth != 0 and depth != zygotes, 1),
+        "host": delta(host, 1),
+        "zygotes": delta(zygote, 1),
+        "helpers": delta(helper, 1),
         "jobs": jobs_s,
         "templates and the rest": reaped - jobs_s,
     }
-    return {name: value * 1000 / samples for name, value in parts.items()}
+    faults = {"host": delta(host, 3), "zygotes": delta(zygote, 3), "helpers": delta(helper, 3),
+              "jobs and templates": delta(zygote, 4)}
+    return {**{name: value * 1000 / samples for name, value in parts.items()},
+            **{f"faults {name}": value / samples for name, value in faults.items()}}
+
+
+def fault_cost_us(mib: int = 32, repeats: int = 5) -> float:
+    """Microseconds of CPU per copy-on-write page fault on this host: the median over `repeats`
+    forked children, each writing one byte on every page of `mib` MiB its parent had written."""
+    page = resource.getpagesize()
+    memory = bytearray(mib * 2**20)
+    for at in range(0, len(memory), page):
+        memory[at] = 1
+    costs = []
+    for _ in range(repeats):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: nothing but the writes between the two readings
+            try:
+                cpu, faults = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                for at in range(0, len(memory), page):
+                    memory[at] = 2
+                cpu, faults = time.process_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+                os.write(write, json.dumps([cpu, faults]).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as reply:
+            cpu, faults = json.loads(reply.read())
+        os.waitpid(pid, 0)
+        costs.append(cpu / max(1, faults) * 1e6)
+    return statistics.median(costs)
 
 
 def measure(args: argparse.Namespace, mode: str) -> dict[str, dict[str, float]]:
@@ -133,19 +181,21 @@ def measure(args: argparse.Namespace, mode: str) -> dict[str, dict[str, float]]:
                     scorer.score_many(items)
                     rounds.append(split(before, process_tree(), zygotes, sum(jobs), len(items)))
                     started.append(len(templates))
-                row = {name: statistics.median(r[name] for r in rounds) for name in PARTS}
-                row["total"] = statistics.median(sum(r.values()) for r in rounds)
+                row = {name: statistics.median(r[name] for r in rounds) for name in rounds[0]}
+                row["total"] = statistics.median(sum(r[name] for name in PARTS) for r in rounds)
+                row["faults total"] = statistics.median(sum(r[f"faults {name}"] for name in FAULT_PARTS) for r in rounds)
                 row["templates"] = statistics.median(started)
                 row["per template"] = row["templates and the rest"] * len(items) / max(1.0, row["templates"])
                 rows[kind] = row
                 print(f"{mode:14s} {kind:18s} " + ", ".join(f"{name} {row[name]:.1f}" for name in (*PARTS, "total"))
-                      + f" ms/sample; {row['templates']:.0f} templates, {row['per template']:.0f} ms each")
+                      + f" ms/sample; {row['templates']:.0f} templates, {row['per template']:.0f} ms each; minor faults "
+                      + ", ".join(f"{name} {row['faults ' + name]:.0f}" for name in (*FAULT_PARTS, "total")) + " per sample")
     finally:
         batch.BatchDriver._run_job, batch.BatchDriver._open_template = run_job, open_template  # type: ignore[method-assign]
     return rows
 
 
-def section(args: argparse.Namespace, results: dict[str, dict[str, dict[str, float]]], load: str) -> str:
+def section(args: argparse.Namespace, results: dict[str, dict[str, dict[str, float]]], load: str, fault_us: float) -> str:
     lines = [
         SECTION, "",
         (f"Where the CPU of a warm pool's verification goes, per sample (`bench/sandbox_costs.py`; the pool against "
@@ -164,16 +214,28 @@ def section(args: argparse.Namespace, results: dict[str, dict[str, dict[str, flo
         for kind, row in rows.items():
             lines.append(f"| {mode} | {kind} | " + " | ".join(f"{row[name]:.1f}" for name in (*PARTS, "total"))
                          + f" | {row['per template']:.0f} |")
-    lines += ["", "Milliseconds of CPU per sample (per template: per template started)."]
+    lines += ["", "Milliseconds of CPU per sample (per template: per template started).", "",
+              (f"Minor page faults per sample, from the same readings (jobs and templates: what the zygotes reaped). "
+               f"A copy-on-write fault cost {fault_us:.1f} us of CPU on this host (`fault_cost_us`: a forked child "
+               f"writing one byte on each page of its parent's 32 MiB, median of 5), which the last column applies "
+               f"to the total."), "",
+              "| mode | answers | host | zygotes | helpers | jobs and templates | total | at that cost (ms) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for mode, rows in results.items():
+        for kind, row in rows.items():
+            lines.append(f"| {mode} | {kind} | " + " | ".join(f"{row['faults ' + name]:.0f}" for name in FAULT_PARTS)
+                         + f" | {row['faults total']:.0f} | {row['faults total'] * fault_us / 1000:.1f} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     load = f"{os.getloadavg()[0]:.1f}"
+    fault_us = fault_cost_us()
+    print(f"a copy-on-write page fault: {fault_us:.1f} us of CPU")
     results = {mode: measure(args, mode) for mode in args.modes}
     if not args.no_write:
-        write_section(args.results, SECTION, section(args, results, load))
+        write_section(args.results, SECTION, section(args, results, load, fault_us))
         print(f"wrote {args.results}")
 
 
