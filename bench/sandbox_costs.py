@@ -18,9 +18,9 @@ every process below this one from /proc before and after the timed rounds:
 
 The bwrap processes above the zygotes are counted with the helpers. Medians over --repeats rounds
 of each kind, in milliseconds per sample. The same readings give each part's minor page faults per
-sample (the jobs' and the templates' together: what the zygotes reaped); in a pool they are mostly
-copy-on-write copies of the pages a fork shares with the process it was forked from. What one such
-fault costs on this host is measured once (`fault_cost_us`: a forked child writing one byte on
+sample (the jobs' and the templates' together: what the zygotes reaped): in a pool, copies of the
+pages a fork shares with the process it was forked from, and fresh pages (the count does not tell
+them apart). What one copy-on-write fault costs on this host is measured once (`fault_cost_us`: a forked child writing one byte on
 each page of its parent's 32 MiB). The section "## Sandbox pool: where a sample's CPU goes" of
 bench/RESULTS.md gets both tables unless --no-write.
 
