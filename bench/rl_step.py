@@ -8,8 +8,10 @@ completion is forced to exactly --new-tokens tokens: tidal samples with `ignore_
 generates with `min_new_tokens` (the eos logit is masked until then). TRL generates with its own
 `model.generate` (no vLLM). Each side runs in its own subprocess with the same torch thread
 count; after --warmup untimed steps, --steps steps are timed, from the end of one optimizer step to
-the end of the next. The result (completions/s and the ratio tidal / TRL) is written into the
-"## RL step" section of bench/RESULTS.md.
+the end of the next. One more step per side runs untimed under torch's `FlopCounterMode`: the
+FLOPs each side computes, so the ratio splits into less work and work done faster. The result
+(completions/s, the ratio tidal / TRL, the work) is written into the "## RL step" section of
+bench/RESULTS.md.
 
     python bench/rl_step.py                     # 2 prompts x 8 samples, 1 warm-up + 5 timed steps
     python bench/rl_step.py --threads 1 2 --rounds 3   # one comparison per thread count
@@ -95,6 +97,56 @@ def arithmetic_reward(text: str, answer: int) -> float:
     return 1.0 if str(answer) in re.findall(r"\d+", text) else 0.0
 
 
+class WorkCounter:
+    """The model FLOPs of one step, counted by torch's `FlopCounterMode` (matmuls and attention,
+    forward and backward, as the ops actually ran), in all and inside `generate` calls."""
+
+    def __init__(self) -> None:
+        import torch
+        from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+        def attention(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
+            return sdpa_flop_count(query, key, value)
+
+        def attention_backward(grad: Any, query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
+            return sdpa_backward_flop_count(grad, query, key, value)
+
+        aten = torch.ops.aten
+        # torch's counter has no entry for the CPU attention kernels; the CUDA ones' formulas fit them.
+        mapping = {aten._scaled_dot_product_flash_attention_for_cpu: attention,
+                   aten._scaled_dot_product_flash_attention_for_cpu_backward: attention_backward}
+        self.mode = FlopCounterMode(display=False, custom_mapping=mapping)
+        self.active = False
+        self.generate_flops = 0
+
+    def __enter__(self) -> WorkCounter:
+        self.mode.__enter__()
+        self.active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.active = False
+        self.mode.__exit__(*exc)
+
+    def wrap_generate(self, owner: Any) -> None:
+        """Count what `owner.generate` computes (while counting) as generation."""
+        generate = owner.generate
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            before = self.mode.get_total_flops()
+            try:
+                return generate(*args, **kwargs)
+            finally:
+                if self.active:
+                    self.generate_flops += self.mode.get_total_flops() - before
+
+        owner.generate = counted
+
+    def result(self) -> dict[str, float]:
+        total = self.mode.get_total_flops()
+        return {"total": total, "generate": self.generate_flops, "train": total - self.generate_flops}
+
+
 def build_model_and_tokenizer(seed: int) -> tuple[Any, Any]:
     from tidal.config.schema import TinyModelConfig
     from tidal.models.tiny import build_tiny_model
@@ -108,8 +160,9 @@ def build_model_and_tokenizer(seed: int) -> tuple[Any, Any]:
 # ------------------------------------------------------------------ the two sides
 
 
-def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]]]:
-    """Step seconds of the timed steps, and per-step facts (completions, tokens, reward)."""
+def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]], dict[str, float]]:
+    """Step seconds of the timed steps, per-step facts (completions, tokens, reward), and the
+    FLOPs of one more step, counted (untimed)."""
     import torch
 
     from tidal.algos import assign_advantages
@@ -122,7 +175,7 @@ def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, flo
 
     model, tokenizer = build_model_and_tokenizer(args.seed)
     device = torch.device("cpu")
-    total_steps = args.warmup + args.steps
+    total_steps = args.warmup + args.steps + 1  # the last one is counted, not timed
     engine = EmbeddedEngine(model, tokenizer, device)
     shared = args.side != "tidal-unshared"  # each distinct prompt once per micro-batch (trainer/prefix.py)
     trainer = Trainer(
@@ -168,15 +221,20 @@ def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, flo
         step(index)
     seconds, facts = [], []
     with profiled(args.profile == args.side):
-        for index in range(args.warmup, total_steps):
+        for index in range(args.warmup, total_steps - 1):
             start = time.perf_counter()
             facts.append(step(index))
             seconds.append(time.perf_counter() - start)
-    return seconds, facts
+    counter = WorkCounter()
+    counter.wrap_generate(engine)
+    with counter:
+        step(total_steps - 1)
+    return seconds, facts, counter.result()
 
 
-def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]]]:
-    """Step seconds of the timed steps (end of one optimizer step to the next), and per-step facts."""
+def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]], dict[str, float]]:
+    """Step seconds of the timed steps (end of one optimizer step to the next), per-step facts, and
+    the FLOPs of one more step, counted (untimed)."""
     import warnings
 
     import torch
@@ -204,14 +262,26 @@ def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float
         )
         return rewards
 
+    timed_steps = args.warmup + args.steps
+    counter = WorkCounter()
+    counter.wrap_generate(model)  # TRL samples through the model's own `generate`
+
     class StepClock(TrainerCallback):
-        """Marks the end of every optimizer step; a step's time is the gap between two marks."""
+        """Marks the end of every optimizer step; a step's time is the gap between two marks. The
+        step after the timed ones runs under the FLOP counter."""
 
         def __init__(self) -> None:
             self.marks: list[float] = []
 
+        def on_step_begin(self, _args: Any, state: Any, *_: Any, **__: Any) -> None:
+            if state.global_step == timed_steps:
+                counter.__enter__()
+
         def on_step_end(self, *_: Any, **__: Any) -> None:
-            self.marks.append(time.perf_counter())
+            if counter.active:
+                counter.__exit__(None, None, None)
+            else:
+                self.marks.append(time.perf_counter())
 
     clock = StepClock()
     with tempfile.TemporaryDirectory() as output_dir:
@@ -233,7 +303,7 @@ def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float
             adam_beta2=0.99,  # tidal's AdamW betas are (0.9, 0.99)
             weight_decay=0.0,
             max_grad_norm=1.0,
-            max_steps=args.warmup + args.steps,
+            max_steps=timed_steps + 1,  # the last one is counted, not timed
             use_cpu=True,
             bf16=False,
             fp16=False,
@@ -253,7 +323,7 @@ def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float
             trainer.train()
     marks = clock.marks[args.warmup - 1 :]
     seconds = [b - a for a, b in zip(marks, marks[1:])]
-    return seconds, facts[args.warmup :]
+    return seconds, facts[args.warmup : timed_steps], counter.result()
 
 
 @contextlib.contextmanager
@@ -278,8 +348,9 @@ def run_side(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads[0])
-    seconds, facts = (run_trl if args.side == "trl" else run_tidal)(args)
-    print(json.dumps({"side": args.side, "seconds": seconds, "facts": facts, "threads": torch.get_num_threads()}))
+    seconds, facts, flops = (run_trl if args.side == "trl" else run_tidal)(args)
+    result = {"side": args.side, "seconds": seconds, "facts": facts, "flops": flops, "threads": torch.get_num_threads()}
+    print(json.dumps(result))
 
 
 # ------------------------------------------------------------------ the comparison
@@ -322,11 +393,13 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[
     completions = args.prompts * args.samples
     step_seconds: dict[str, list[float]] = {side: [] for side in SIDES}
     phase_seconds: dict[str, dict[str, list[float]]] = {side: {} for side in SIDES if side != "trl"}
+    flops: dict[str, dict[str, float]] = {}
     for round_index in range(args.rounds):
         for side in SIDES:
             loads.append(os.getloadavg()[0])
             result = run_subprocess(args, side, threads)
             step_seconds[side] += result["seconds"]
+            flops[side] = result["flops"]  # the same every round: same seeds, same shapes
             rewards = [f["reward"] for f in result["facts"]]
             print(
                 f"threads={threads} round {round_index + 1} {side:14s} step s: "
@@ -344,6 +417,8 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[
             "min_step_s": min(step_seconds[side]),
             "completions_per_s": completions / median,
             "tokens_per_s": completions * args.new_tokens / median,
+            "flops": flops[side],
+            "gflops_per_s": flops[side]["total"] / median / 1e9,
         }
     row["ratio"] = row["tidal"]["completions_per_s"] / row["trl"]["completions_per_s"]
     row["unshared_ratio"] = row["tidal-unshared"]["completions_per_s"] / row["trl"]["completions_per_s"]
@@ -368,6 +443,24 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                 f"{s['completions_per_s']:.1f} | {s['tokens_per_s']:.0f} | {ratio} |"
             )
     return lines
+
+
+def work(row: dict[str, Any]) -> str:
+    """How much of the ratio is less work and how much is work done faster."""
+
+    def gflop(side: str) -> str:
+        f = row[side]["flops"]
+        return (f"{f['total'] / 1e9:.2f} GFLOP ({f['generate'] / 1e9:.2f} sampling, {f['train'] / 1e9:.2f} update) "
+                f"at {row[side]['gflops_per_s']:.1f} GFLOP/s")
+
+    tidal, trl = row["tidal"], row["trl"]
+    less = trl["flops"]["total"] / tidal["flops"]["total"]
+    faster = tidal["gflops_per_s"] / trl["gflops_per_s"]
+    rate = {phase: tidal["flops"][phase] / row["phases"]["tidal"][phase] / 1e9 for phase in ("generate", "train")}
+    return (f"work of one step at {row['threads']} thread(s): TRL {gflop('trl')}; tidal {gflop('tidal')}; "
+            f"tidal unshared {gflop('tidal-unshared')}. TRL computes {less:.2f}x tidal's FLOPs, and tidal runs "
+            f"{faster:.2f}x TRL's FLOPs per second: {less:.2f} x {faster:.2f} = {less * faster:.2f}x. tidal's "
+            f"sampling ran at {rate['generate']:.1f} GFLOP/s, its update at {rate['train']:.1f} (phase medians)")
 
 
 def phases(row: dict[str, Any], side: str) -> str:
@@ -410,10 +503,11 @@ def section(
         "",
         *(f"- {side}'s step by phase at {row['threads']} thread(s), median s: {phases(row, side)}"
           for row in rows for side in row["phases"]),
+        *(f"- {work(row)}" for row in rows),
         "",
         "Where the time goes: reward, advantages and collation take milliseconds; a step is the sampler's "
         f"{args.new_tokens} model forwards (one prefill, then one decode step for all rows at a time) plus one "
-        "forward and backward over the batch. Both are fp32 matmuls, compute-bound at this size. tidal's lead comes "
+        "forward and backward over the batch, fp32 matmuls both. tidal's lead comes "
         "from the sampler (the lean forward of rollout/lean.py instead of `transformers`' module machinery, a KV "
         "cache written in place, no logits-processor machinery per decode step, each prompt prefilled once), from "
         "running each distinct prompt once in the update as well (its KV cache shared by its group's completions, "
@@ -422,6 +516,14 @@ def section(
         "log-softmax over all completions at once whose backward writes each row's gradient once (until "
         "2026-12-01 each completion's logits were taken as row b of the batch's, and autograd zero-filled a "
         "whole batch-sized gradient for every row and added them up: trainer/logprobs.py, `sequence_logprobs`). "
+        "The work lines split the ratio into less work and faster work. FLOPs are counted by torch's "
+        "`FlopCounterMode` over one more, untimed step of each side (every matmul and attention call as it ran, "
+        "forward and backward; elementwise ops, the sampler and the optimizer are not counted), and a rate is those "
+        "FLOPs over the median timed step. Less work is most of tidal's lead: TRL prefills every sample's copy of "
+        "its prompt and runs every prompt token through the update once per sample. What is left of tidal's step "
+        "is mostly decode steps of 16 rows, whose matmuls are too small to keep two cores busy and which pay the "
+        "per-op cost of a forward for every token, so tidal's sampling runs at a fraction of its update's rate "
+        "and its step as a whole at about TRL's. "
         "Between runs of this benchmark the ratio moves by about 10% with the machine's load. "
         "With 2 threads on 2 shared cores, any other busy process makes each parallel region wait for a descheduled "
         "thread (steps of 20 s instead of 0.5 s were seen): trust only runs whose load average stayed near the "
@@ -449,6 +551,7 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         for side in row["phases"]:
             print(f"{side}'s step by phase at {row['threads']} thread(s), median s: {phases(row, side)}")
+        print(work(row))
     print(f"1-minute load average before each run: {', '.join(f'{x:.2f}' for x in loads[:-1])}; after: {loads[-1]:.2f}")
     if not args.no_write:
         model, tokenizer = build_model_and_tokenizer(args.seed)
