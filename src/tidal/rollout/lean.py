@@ -207,7 +207,7 @@ class LeanDecoder:
             attended = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.heads
             )  # (B, heads, 1, D)
-            hidden = hidden + F.linear(attended.view(batch, -1), *layer.o)
+            hidden = hidden + F.linear(attended.reshape(batch, -1), *layer.o)
             normed = _norm(hidden, layer.norm2, layer.eps2)
             hidden = hidden + F.linear(F.silu(F.linear(normed, *layer.gate)) * F.linear(normed, *layer.up), *layer.down)
         cache.advance(1)
