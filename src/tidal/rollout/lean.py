@@ -150,68 +150,36 @@ class LeanDecoder:
         """Logits (B, V) in float32 at the last position of `input_ids` (B, T), which follow the
         `cache.length` cached positions; `attention_mask` (B, cached + T) marks real tokens (None:
         all are). The new keys and values are appended to `cache`."""
-        if input_ids.shape[1] == 1:
-            return self._decode_step(input_ids, attention_mask, position_ids, cache)
-        return self._forward_tokens(input_ids, attention_mask, position_ids, cache)
-
-    def _forward_tokens(self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor,
-                        cache: LeanCache) -> Tensor:
-        """`last_logits` for any number of new tokens per row."""
         batch, tokens = input_ids.shape
         past = cache.length
-        hidden = F.embedding(input_ids, self.embed)  # (B, T, H)
-        cos, sin = self.rotary(hidden, position_ids)  # (B, T, D) each
-        cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D)
+        # Activations are kept (B * T, H), so each projection is one matrix product with no reshape
+        # around it (a decode step has T = 1), and a norm in float32 is one op (`_norm`).
+        hidden = F.embedding(input_ids.reshape(-1), self.embed)  # (B * T, H)
+        cos, sin = self.rotary(hidden.view(batch, tokens, -1), position_ids)  # (B, T, D) each
+        half = cos.shape[-1] // 2
+        # The rotary sign folded into sin once: x * cos + rotate_half(x) * sin, with rotate_half(x) =
+        # (-x2, x1), equals x * cos + (x2, x1) * (-s1, s2) exactly ((-a) * b == a * (-b)), without
+        # negating q and k in every layer.
+        cos, sin = cos[:, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, None]  # (B, 1, T, D)
         mask = _mask(attention_mask, batch, past, tokens, hidden.device)
         for index, layer in enumerate(self.layers):
-            normed = _rms_norm(hidden, layer.norm1, layer.eps1)
+            normed = _norm(hidden, layer.norm1, layer.eps1)
             q = F.linear(normed, *layer.q).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
             k = F.linear(normed, *layer.k).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
             v = F.linear(normed, *layer.v).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q = q * cos + torch.cat((q[..., half:], q[..., :half]), dim=-1) * sin
+            k = k * cos + torch.cat((k[..., half:], k[..., :half]), dim=-1) * sin
             keys, values = cache.append(index, k, v)  # (B, kv_heads, past + T, D)
             attended = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.heads,
                 is_causal=mask is None and tokens > 1,
             )  # (B, heads, T, D)
-            hidden = hidden + F.linear(attended.transpose(1, 2).reshape(batch, tokens, -1), *layer.o)
-            normed = _rms_norm(hidden, layer.norm2, layer.eps2)
-            hidden = hidden + F.linear(F.silu(F.linear(normed, *layer.gate)) * F.linear(normed, *layer.up), *layer.down)
-        cache.advance(tokens)
-        last = _rms_norm(hidden[:, -1], self.final_norm, self.final_eps)  # (B, H)
-        return F.linear(last, *self.head).float()  # (B, V)
-
-
-    def _decode_step(self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor,
-                     cache: LeanCache) -> Tensor:
-        """`last_logits` for one new token per row, with fewer ops: the activations stay (B, H),
-        so each projection is one matrix product without reshapes, the norms are one op each in
-        float32, and the rotary sign is folded into `sin` once instead of negating q and k in
-        every layer ((-a) * b == a * (-b) exactly, so the result is the same)."""
-        batch = input_ids.shape[0]
-        hidden = F.embedding(input_ids[:, 0], self.embed)  # (B, H)
-        cos, sin = self.rotary(hidden[:, None], position_ids)  # (B, 1, D) each
-        half = cos.shape[-1] // 2
-        cos = cos[:, :, None]  # (B, 1, 1, D): q is viewed (B, heads, 1, D)
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, :, None]
-        mask = _mask(attention_mask, batch, cache.length, 1, hidden.device)
-        for index, layer in enumerate(self.layers):
-            normed = _norm(hidden, layer.norm1, layer.eps1)
-            q = F.linear(normed, *layer.q).view(batch, self.heads, 1, self.head_dim)
-            k = F.linear(normed, *layer.k).view(batch, self.kv_heads, 1, self.head_dim)
-            v = F.linear(normed, *layer.v).view(batch, self.kv_heads, 1, self.head_dim)
-            q = q * cos + torch.cat((q[..., half:], q[..., :half]), dim=-1) * sin
-            k = k * cos + torch.cat((k[..., half:], k[..., :half]), dim=-1) * sin
-            keys, values = cache.append(index, k, v)  # (B, kv_heads, past + 1, D)
-            attended = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.heads
-            )  # (B, heads, 1, D)
-            hidden = hidden + F.linear(attended.reshape(batch, -1), *layer.o)
+            hidden = hidden + F.linear(attended.transpose(1, 2).reshape(batch * tokens, -1), *layer.o)
             normed = _norm(hidden, layer.norm2, layer.eps2)
             hidden = hidden + F.linear(F.silu(F.linear(normed, *layer.gate)) * F.linear(normed, *layer.up), *layer.down)
-        cache.advance(1)
-        return F.linear(_norm(hidden, self.final_norm, self.final_eps), *self.head).float()  # (B, V)
+        cache.advance(tokens)
+        last = _norm(hidden.view(batch, tokens, -1)[:, -1], self.final_norm, self.final_eps)  # (B, H)
+        return F.linear(last, *self.head).float()  # (B, V)
 
 
 def _mask(attention_mask: Tensor | None, batch: int, past: int, tokens: int, device: torch.device) -> Tensor | None:
@@ -238,13 +206,9 @@ def _rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def _norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """`_rms_norm` as one op where both are float32 (the same arithmetic); else `_rms_norm`, whose
-    order of casts is the `transformers` modules' for half precision."""
+    """RMSNorm of the last dimension: one op (`F.rms_norm`, the same arithmetic) where both are
+    float32; else `_rms_norm`, whose order of casts is the `transformers` modules' for half
+    precision."""
     if hidden.dtype == weight.dtype == torch.float32:
         return F.rms_norm(hidden, (hidden.shape[-1],), weight, eps)
     return _rms_norm(hidden, weight, eps)
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

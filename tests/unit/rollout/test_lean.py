@@ -89,40 +89,17 @@ def test_an_unpadded_batch_runs_without_a_mask_and_matches_too() -> None:
     lean = LeanDecoder(model)
     ids = torch.randint(1, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
     positions = torch.arange(7)[None].expand(2, -1)
+    generator = torch.Generator().manual_seed(2)
     with torch.inference_mode():
-        expected = model(input_ids=ids, use_cache=False).logits[:, -1].float()
-        torch.testing.assert_close(lean.last_logits(ids, None, positions, lean.new_cache(7)), expected,
-                                   rtol=0, atol=1e-5)
-
-
-@pytest.mark.parametrize("padded", [False, True], ids=["no mask", "left-padded"])
-def test_the_one_token_step_computes_what_the_general_forward_computes(padded: bool) -> None:
-    """A decode step takes its own, shorter path (2-D activations, one-op norms, the rotary sign
-    folded into sin): same logits and the same cache as the general forward on a 1-token input."""
-    model = _qwen2()
-    lean = LeanDecoder(model)
-    generator = torch.Generator().manual_seed(4)
-    ids = torch.randint(1, VOCAB, (3, 5), generator=generator)
-    attention = torch.ones(3, 9, dtype=torch.long)
-    if padded:
-        attention[1, :2] = 0
-    positions = (attention[:, :5].cumsum(-1) - 1).clamp(min=0)
-    with torch.inference_mode():
-        short, general = lean.new_cache(9), lean.new_cache(9)
-        for cache in (short, general):
-            lean.last_logits(ids, attention[:, :5] if padded else None, positions, cache)
-        following = positions[:, -1:] + 1
-        for step in range(4):
-            token = torch.randint(1, VOCAB, (3, 1), generator=generator)
-            mask = attention[:, : 6 + step] if padded else None
-            got = lean.last_logits(token, mask, following, short)
-            expected = lean._forward_tokens(token, mask, following, general)
-            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
-            following = following + 1
-        assert short.length == general.length == 9
-        for mine, theirs in zip(short.keys + short.values, general.keys + general.values):
-            assert mine is not None and theirs is not None
-            torch.testing.assert_close(mine[:, :, :9], theirs[:, :, :9], rtol=1e-6, atol=1e-6)
+        reference_cache, cache = DynamicCache(config=model.config), lean.new_cache(7)
+        expected = model(input_ids=ids, cache=reference_cache, use_cache=True).logits[:, -1].float()
+        torch.testing.assert_close(lean.last_logits(ids, None, positions, cache), expected, rtol=0, atol=1e-5)
+        for step in range(3):  # decode steps without a mask, past the cache's first capacity
+            token = torch.randint(1, VOCAB, (2, 1), generator=generator)
+            position = torch.full((2, 1), 7 + step)
+            expected = model(input_ids=token, position_ids=position, cache=reference_cache,
+                             use_cache=True).logits[:, -1].float()
+            torch.testing.assert_close(lean.last_logits(token, None, position, cache), expected, rtol=0, atol=1e-5)
 
 
 def test_the_engine_samples_what_the_transformers_forward_samples(tiny: LoadedModel, prompts: list[list[int]]) -> None:
