@@ -153,7 +153,7 @@ class LeanDecoder:
         batch, tokens = input_ids.shape
         past = cache.length
         # Activations are kept (B * T, H), so each projection is one matrix product with no reshape
-        # around it (a decode step has T = 1), and a norm in float32 is one op (`_norm`).
+        # around it (a decode step has T = 1), and a norm in float32 is one call (`_norm`).
         hidden = F.embedding(input_ids.reshape(-1), self.embed)  # (B * T, H)
         cos, sin = self.rotary(hidden.view(batch, tokens, -1), position_ids)  # (B, T, D) each
         half = cos.shape[-1] // 2
@@ -206,9 +206,9 @@ def _rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def _norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm of the last dimension: one op (`F.rms_norm`, the same arithmetic) where both are
-    float32; else `_rms_norm`, whose order of casts is the `transformers` modules' for half
-    precision."""
+    """RMSNorm of the last dimension: one call to `F.rms_norm` where both are float32 (on the CPU it
+    runs `_rms_norm`'s ops in the same order, without a Python call for each); else `_rms_norm`,
+    whose order of casts is the `transformers` modules' for half precision."""
     if hidden.dtype == weight.dtype == torch.float32:
         return F.rms_norm(hidden, (hidden.shape[-1],), weight, eps)
     return _rms_norm(hidden, weight, eps)
