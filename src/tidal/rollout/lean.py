@@ -156,10 +156,10 @@ class LeanDecoder:
         # around it (a decode step has T = 1), and a norm in float32 is one call (`_norm`).
         hidden = F.embedding(input_ids.reshape(-1), self.embed)  # (B * T, H)
         cos, sin = self.rotary(hidden.view(batch, tokens, -1), position_ids)  # (B, T, D) each
-        half = cos.shape[-1] // 2
         # The rotary sign folded into sin once: x * cos + rotate_half(x) * sin, with rotate_half(x) =
         # (-x2, x1), equals x * cos + (x2, x1) * (-s1, s2) exactly ((-a) * b == a * (-b)), without
         # negating q and k in every layer.
+        half = cos.shape[-1] // 2
         cos, sin = cos[:, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[:, None]  # (B, 1, T, D)
         mask = _mask(attention_mask, batch, past, tokens, hidden.device)
         for index, layer in enumerate(self.layers):
@@ -167,8 +167,8 @@ class LeanDecoder:
             q = F.linear(normed, *layer.q).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
             k = F.linear(normed, *layer.k).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
             v = F.linear(normed, *layer.v).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + torch.cat((q[..., half:], q[..., :half]), dim=-1) * sin
-            k = k * cos + torch.cat((k[..., half:], k[..., :half]), dim=-1) * sin
+            q = q * cos + _swap_halves(q) * sin
+            k = k * cos + _swap_halves(k) * sin
             keys, values = cache.append(index, k, v)  # (B, kv_heads, past + T, D)
             attended = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.heads,
@@ -212,3 +212,9 @@ def _norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
     if hidden.dtype == weight.dtype == torch.float32:
         return F.rms_norm(hidden, (hidden.shape[-1],), weight, eps)
     return _rms_norm(hidden, weight, eps)
+
+
+def _swap_halves(x: Tensor) -> Tensor:
+    """(x1, x2) -> (x2, x1) on the last dimension: `rotate_half` without its sign (folded into sin)."""
+    half = x.shape[-1] // 2
+    return torch.cat((x[..., half:], x[..., :half]), dim=-1)
