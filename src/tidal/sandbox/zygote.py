@@ -75,13 +75,11 @@ do not touch (copy) their pages.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import errno
 import fcntl
 import gc
 import json
 import os
-import pathlib
 import resource
 import select
 import signal
@@ -89,8 +87,14 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+
+# The nursery is forked from a process that has imported this module and no more, and each answer's
+# process out of process is a fork of it: what it imports here every such fork copies page tables
+# for and tears down again (docs/design/sandbox.md, "Cost"). So no `typing` at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 import tidal_zygote_clean as clean  # shipped beside this file (zygote_clean.py)
 
@@ -284,6 +288,9 @@ def prebuilt_config(job: dict[str, Any]) -> Any:
 def hand_over(config: Any) -> None:
     """In the child: the first `get_config` call of its pytest session returns the zygote's `config`
     (its own copy), with the invocation parameters the call gives, as a freshly built one has."""
+    import dataclasses
+    import pathlib
+
     import _pytest.config
 
     original = _pytest.config.get_config

@@ -10,9 +10,14 @@ from __future__ import annotations
 import os
 import re
 import resource
-import shutil
 import stat
-from typing import Any
+
+# The companions' nursery (zygote_forks.py) imports the zygote's modules, and every answer's process out of
+# process is a fork of it: no `typing` at run time, nothing a companion does not use (see the
+# zygote's imports).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 UNWATCHED_FILESYSTEMS = {"proc", "sysfs", "devpts", "devtmpfs", "mqueue", "cgroup", "cgroup2"}
 
@@ -24,6 +29,8 @@ def clean_scratch(modes: dict[str, int]) -> None:
             os.chmod(folder, mode)
         for entry in os.scandir(folder):
             if entry.is_dir(follow_symlinks=False):
+                import shutil  # imported once a job left a folder (see above)
+
                 shutil.rmtree(entry.path, onerror=_force)
             else:
                 os.unlink(entry.path)

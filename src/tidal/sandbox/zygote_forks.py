@@ -26,12 +26,10 @@ that asks for it; without a nursery the zygote runs no more companions and retir
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import fcntl
 import gc
 import json
 import os
-import platform
 import resource
 import select
 import signal
@@ -39,8 +37,14 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+
+# The companions' nursery (zygote_forks.py) imports this module, and every answer's process out of
+# process is a fork of it: no `typing` at run time, nothing a companion does not use (see the
+# zygote's imports).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 import tidal_zygote as zygote
 
@@ -48,17 +52,17 @@ REPLY_S = 10.0  # how long a helper may take to fork a process
 _LIBC = ctypes.PyDLL(None, use_errno=True)  # a PyDLL call holds the GIL, as os.fork does across fork()
 _LIBC.syscall.restype = ctypes.c_long
 CLONE_PARENT = 0x00008000  # the new process is a child of the caller's parent
-_SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(platform.machine())  # clone(2): flags first on both
+_SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine)  # clone(2): flags first on both
 
 
-@dataclasses.dataclass
 class _Helper:
     """The zygote's view of a helper process."""
 
-    pid: int
-    channel: socket.socket
-    key: str = ""  # a template: the key of the jobs it serves
-    state: dict[str, Any] | None = None  # what its forks inherit, taken once it is ready
+    def __init__(self, pid: int, channel: socket.socket, key: str = "") -> None:
+        self.pid = pid
+        self.channel = channel
+        self.key = key  # a template: the key of the jobs it serves
+        self.state: dict[str, Any] | None = None  # what its forks inherit, taken once it is ready
 
 
 _NURSERY: _Helper | None = None

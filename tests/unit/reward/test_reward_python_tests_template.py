@@ -128,6 +128,21 @@ def test_tests_that_need_the_answer_while_imported_run_whole_sessions(pool: Sand
     assert pool.stats.templates == 0
 
 
+# What an answer's process out of process must not start with: it is a fork of the zygote's nursery,
+# and every module the nursery holds is page tables each such fork copies and each exit tears down
+# (docs/design/sandbox.md, "Cost").
+NOT_IN_THE_NURSERY = ("typing", "dataclasses", "inspect", "pathlib", "shutil", "subprocess", "platform", "pytest")
+
+
+def test_an_answers_process_out_of_process_starts_lean(pool: SandboxPool) -> None:
+    answer = ("import sys\n\n\ndef inherited():\n"
+              f"    return sorted(name for name in {NOT_IN_THE_NURSERY!r} if name in sys.modules)\n")
+    tests = {"test_a.py": "from solution import inherited\n\n\ndef test_lean():\n    assert inherited() == []\n"}
+    (score,) = python_tests_batch(task("out_of_process", tests), [answer], ScoringContext(pool))  # type: ignore[arg-type]
+    assert pool.stats.templates == 1  # a template's job, with the nursery's companion
+    assert (score.value, score.outcome) == (1.0, Outcome.PASSED), score.detail
+
+
 def test_template_problems() -> None:
     paths = ["test_a.py", "test_b.py", "test_c.py"]
     assert template_problems("in_process", "solution.py", TESTS, {}, paths) == []

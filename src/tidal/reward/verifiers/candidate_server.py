@@ -23,7 +23,10 @@ import os
 import socket
 import sys
 import traceback
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # no `typing` at run time: this process is forked from a lean nursery
+    from typing import Any
 
 import tidal_function_proxy as wire
 
