@@ -131,7 +131,7 @@ def test_tests_that_need_the_answer_while_imported_run_whole_sessions(pool: Sand
 # What an answer's process out of process must not start with: it is a fork of the zygote's nursery,
 # and every module the nursery holds is page tables each such fork copies and each exit tears down
 # (docs/design/sandbox.md, "Cost").
-NOT_IN_THE_NURSERY = ("typing", "dataclasses", "inspect", "pathlib", "shutil", "subprocess", "platform", "pytest")
+NOT_IN_THE_NURSERY = ("typing", "dataclasses", "inspect", "pathlib", "shutil", "platform", "pytest")
 
 
 def test_an_answers_process_out_of_process_starts_lean(pool: SandboxPool) -> None:

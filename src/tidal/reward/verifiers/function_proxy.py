@@ -29,17 +29,17 @@ import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
 import types
 
 # The candidate side imports this module for the codec, in a process forked from a lean nursery
-# (zygote_forks.py): no `typing` and no `subprocess` at run time there (the test side's pytest
-# has both imported already).
+# (zygote_forks.py): no `typing` at run time. (Nothing here is imported lazily: in the test process
+# an import that is not cached yet would look in the workspace, where the answer's process writes.)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import subprocess
     from collections.abc import Callable
     from typing import Any
 
@@ -250,8 +250,6 @@ class Companion:
         self.left: list[tuple[int, str]] = []  # processes that outlived it (they were its, or its children's)
 
     def wait(self, timeout: float | None = None) -> int:
-        import subprocess
-
         if self.returncode is not None:
             return self.returncode
         limit = REAPED_S if timeout is None else timeout
@@ -319,8 +317,6 @@ class CandidateProcess:
             self._fail_with(reply)
 
     def _spawn(self) -> None:
-        import subprocess
-
         ours, theirs = socket.socketpair()
         harness = os.path.dirname(self.server)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TIDAL_", "PYTEST_"))}
@@ -408,8 +404,6 @@ class CandidateProcess:
         """End the process and record how it ended. `status` None: asked to exit (it may finish
         its atexit steps; only the process itself is killed if it does not, so what it leaves
         running is found by the plugin's process scan); otherwise its whole group is killed."""
-        import subprocess
-
         process, channel = self.process, self.channel
         self.channel = None
         if channel is not None:
