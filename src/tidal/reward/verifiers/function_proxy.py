@@ -36,8 +36,9 @@ import time
 import types
 
 # The candidate side imports this module for the codec, in a process forked from a lean nursery
-# (zygote_forks.py): no `typing` at run time. (Nothing here is imported lazily: in the test process
-# an import that is not cached yet would look in the workspace, where the answer's process writes.)
+# (zygote_forks.py): no `typing` at run time. Nothing here is imported late: in the test process a
+# late import looks in the workspace first, where the answer's process writes, and the report
+# plugin refuses a module planted there as tampering.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
