@@ -12,8 +12,7 @@ import re
 import resource
 import stat
 
-# The companions' nursery (zygote_forks.py) imports the zygote's modules, and every answer's process out of
-# process is a fork of it: no `typing` at run time, nothing a companion does not use (see the
+# No `typing` and no `shutil` at run time: the companions' nursery imports this module (see the
 # zygote's imports).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,7 +28,7 @@ def clean_scratch(modes: dict[str, int]) -> None:
             os.chmod(folder, mode)
         for entry in os.scandir(folder):
             if entry.is_dir(follow_symlinks=False):
-                import shutil  # imported once a job left a folder (see above)
+                import shutil  # from the zygote's read-only import path, once a job left a folder
 
                 shutil.rmtree(entry.path, onerror=_force)
             else:

@@ -38,9 +38,7 @@ import sys
 import threading
 import time
 
-# The companions' nursery (zygote_forks.py) imports this module, and every answer's process out of
-# process is a fork of it: no `typing` at run time, nothing a companion does not use (see the
-# zygote's imports).
+# No `typing` at run time: the nursery below imports this module (see the zygote's imports).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable

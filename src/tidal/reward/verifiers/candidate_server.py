@@ -25,7 +25,7 @@ import sys
 import traceback
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # no `typing` at run time: this process is forked from a lean nursery
+if TYPE_CHECKING:  # no `typing` at run time: see the zygote's imports
     from typing import Any
 
 import tidal_function_proxy as wire

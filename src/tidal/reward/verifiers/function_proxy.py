@@ -35,10 +35,10 @@ import threading
 import time
 import types
 
-# The candidate side imports this module for the codec, in a process forked from a lean nursery
-# (zygote_forks.py): no `typing` at run time. Nothing here is imported late: in the test process a
-# late import looks in the workspace first, where the answer's process writes, and the report
-# plugin refuses a module planted there as tampering.
+# No `typing` at run time (the candidate side imports this module in the companions' nursery: see
+# the zygote's imports). Nothing here is imported late: in the test process a late import looks
+# in the workspace first, where the answer's process writes, and the report plugin refuses a
+# module planted there as tampering.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
