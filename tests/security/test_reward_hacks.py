@@ -23,7 +23,7 @@ from tidal.errors import SandboxUnavailableError
 from tidal.gate.gate import gate_single
 from tidal.reward import ScoringContext, get_verifier
 from tidal.reward.verifiers.python_tests import python_tests_batch
-from tidal.sandbox import get_backend
+from tidal.sandbox import SandboxBackend, get_backend
 from tidal.tasks.families.python_functions import VERIFIER, _tests
 from tidal.types import Completion, Episode, Limits, Outcome, Score, Task
 
@@ -73,15 +73,20 @@ def answer(name: str) -> str:
     return f"Here is my solution:\n```python\n{(ANSWERS / f'{name}.py').read_text()}```\n"
 
 
-@pytest.fixture(scope="module")
-def scores() -> dict[tuple[str, str, str], Score]:
-    """Every answer scored in both modes, alone and in one batch per mode: (path, mode, name)."""
+def bwrap() -> SandboxBackend:
+    """The bwrap backend, checked with one run; the test is skipped where the host cannot run it."""
     try:
         backend = get_backend("bwrap")
         backend.run(["/bin/true"], {}, Limits(timeout_s=20))
     except SandboxUnavailableError as error:
         pytest.skip(f"bwrap sandbox unavailable on this host: {error}")
-    ctx = ScoringContext(backend)
+    return backend
+
+
+@pytest.fixture(scope="module")
+def scores() -> dict[tuple[str, str, str], Score]:
+    """Every answer scored in both modes, alone and in one batch per mode: (path, mode, name)."""
+    ctx = ScoringContext(bwrap())
     names = [*HACKS, *HONEST]
     tasks = {mode: make_task(mode) for mode in MODES}
     verify = get_verifier("python_tests")
@@ -154,13 +159,9 @@ PLANTER = ("import base64\n\nname = ''.join(['statis', 'tics', '.py'])\nwith ope
 
 
 def test_a_module_planted_for_a_late_import_is_refused() -> None:
-    try:
-        backend = get_backend("bwrap")
-    except SandboxUnavailableError as error:
-        pytest.skip(f"bwrap sandbox unavailable on this host: {error}")
     task = Task(id="code/late-import", domain="code", prompt="Write f(xs) = sum(xs) + 3.",
                 verifier={**VERIFIER, "mode": "out_of_process"}, tests=LATE_IMPORT_TESTS, limits={"timeout_s": 6})
-    ctx = ScoringContext(backend)
+    ctx = ScoringContext(bwrap())
     planted, honest = (f"```python\n{code}```\n" for code in (PLANTER, "def f(xs):\n    return sum(xs) + 3\n"))
     for score in (get_verifier("python_tests")(task, planted, ctx), python_tests_batch(task, [planted], ctx)[0]):
         assert (score.value, score.outcome) == (0.0, TAMPERED), score.detail
