@@ -74,7 +74,8 @@ def variants(reference_answer: str) -> list[str]:
 
 def plain_pytest(task: Task, answer: str, python: str = sys.executable, extra_env: dict[str, str] | None = None) -> int:
     """The baseline: the answer and the tests in a temporary folder, `python -m pytest` on the
-    host, no sandbox, no report plugin, no checks; the exit code."""
+    host (output capture off, as python_tests runs it), no sandbox, no report plugin, no checks;
+    the exit code."""
     from tidal.reward.verifiers.python_tests import extract_code, pytest_targets
 
     with tempfile.TemporaryDirectory(prefix="tidal-bench-") as folder:
@@ -83,7 +84,7 @@ def plain_pytest(task: Task, answer: str, python: str = sys.executable, extra_en
             Path(folder, name).write_text(content)
         env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", **(extra_env or {})}
         return subprocess.run(
-            [python, "-s", "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+            [python, "-s", "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=no", "-o", "addopts=",
              "--rootdir=.", *pytest_targets(task.tests)],
             cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
         ).returncode

@@ -149,7 +149,7 @@ def test_the_batch_path_gives_the_same_verdicts(scores: dict[tuple[str, str, str
 
 # The tests import a module late (in a test), when the answer's process out of process has been
 # running in the same workspace: an answer that plants a module of that name there must not have
-# it run in the test process, which holds the report channel (pytest_report.py, `_PlantedModuleGuard`).
+# it run in the test process, which holds the report channel (function_proxy.py, `PlantedModuleGuard`).
 LATE_IMPORT_TESTS = {"test_solution.py": "from solution import f\n\n\ndef test_a():\n    import statistics\n\n"
                                          "    assert statistics.mean([f([1, 2, 3]), f([4])]) == 8\n"}
 FORGED_STATISTICS = "def mean(values):\n    return 8\n"  # what the planted module says, whatever f returns

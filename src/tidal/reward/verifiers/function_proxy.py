@@ -450,6 +450,29 @@ class CandidateProcess:
         self._stop(None, "")
 
 
+class PlantedModuleGuard:
+    """In the test process, once the tests are collected: a module that appears in a writable
+    folder of its import path (the workspace, say) is candidate code; importing it is refused, and
+    `tamper` says so (the report plugin's `tamper`)."""
+
+    def __init__(self, tamper: Callable[[str], None]) -> None:
+        self.tamper = tamper
+        self.before = {d: set(os.listdir(d)) for d in {os.path.abspath(p or ".") for p in sys.path}
+                       if os.path.isdir(d) and os.access(d, os.W_OK)}
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if path is not None:
+            return
+        for folder, before in self.before.items():
+            try:
+                planted = [e for e in os.listdir(folder) if e.split(".")[0] == name and e not in before]
+            except OSError:
+                continue
+            if planted:
+                self.tamper(f"the answer planted {os.path.join(folder, planted[0])} on the tests' import path")
+                raise ImportError(f"{name} was planted by the answer")
+
+
 class ProxyModule(types.ModuleType):
     """Stands in for the answer's module in the test process: every attribute is a function that
     calls the answer's function of that name in the candidate process."""

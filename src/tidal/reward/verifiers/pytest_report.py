@@ -44,6 +44,7 @@ replaced pytest internals. See docs/design/sandbox.md, "What a candidate can sti
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import linecache
@@ -156,6 +157,7 @@ def _file_of(plugin: Any) -> str:
 class _Reporter:
     def __init__(self) -> None:
         self.channel, self.settings = _open_channel()
+        self.harnessed = self.channel is not None  # run by python_tests, not by a plain pytest call
         self.nonce = str(self.settings.get("nonce", ""))
         self.cwd = os.getcwd()  # the workspace (the same path in a template and its answers' processes)
         self.snapshot: dict[str, Any] = {}  # taken at pytest_configure, before any test module is imported
@@ -351,28 +353,6 @@ def _descendants(root: int) -> list[tuple[int, str]]:
     return found
 
 
-class _PlantedModuleGuard:
-    """out_of_process: after collection, a module that appears in a writable folder of the test
-    process's import path (the workspace, say) is candidate code; importing it is refused."""
-
-    def __init__(self, reporter: _Reporter) -> None:
-        self.reporter = reporter
-        self.before = {d: set(os.listdir(d)) for d in {os.path.abspath(p or ".") for p in sys.path}
-                       if os.path.isdir(d) and os.access(d, os.W_OK)}
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if path is not None:
-            return
-        for folder, before in self.before.items():
-            try:
-                planted = [e for e in os.listdir(folder) if e.split(".")[0] == name and e not in before]
-            except OSError:
-                continue
-            if planted:
-                self.reporter.tamper(f"the answer planted {os.path.join(folder, planted[0])} on the tests' import path")
-                raise ImportError(f"{name} was planted by the answer")
-
-
 _reporter: _Reporter = None  # type: ignore[assignment]  # set when pytest registers the plugin
 _TESTS: list[str] = []
 _candidate: Any = None
@@ -433,15 +413,15 @@ def _hide_tests() -> None:
             os.remove(path)
         except OSError:
             pass
-    sys.meta_path.insert(0, _PlantedModuleGuard(_reporter))  # type: ignore[arg-type]
 
 
 def _start_candidate() -> None:
-    """out_of_process: tests out of reach, then the answer's process."""
+    """out_of_process: tests out of reach, the import path guarded, then the answer's process."""
     global _candidate
     import tidal_function_proxy
 
     _hide_tests()
+    sys.meta_path.insert(0, tidal_function_proxy.PlantedModuleGuard(_reporter.tamper))  # type: ignore[arg-type]
     companion = os.environ.pop("TIDAL_COMPANION", None)
     server = os.path.join(os.path.dirname(os.path.abspath(tidal_function_proxy.__file__)), "tidal_candidate_server.py")
     _candidate = tidal_function_proxy.CandidateProcess(
@@ -604,3 +584,20 @@ def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
             except OSError:
                 pass
     _reporter.emit("finish", exitstatus=int(exitstatus))
+    if _reporter.harnessed:
+        _end(int(exitstatus))
+
+
+def _end(status: int) -> None:
+    """End the process once the session's end is reported, as the interpreter's exit would (the
+    threads that are not daemons joined, the atexit functions run, the standard streams flushed)
+    but without what nobody reads or needs: the terminal summary, the plugins' unconfigure steps,
+    the interpreter's finalization (bench/RESULTS.md, "Sandbox pool"). An atexit function can still
+    change the exit status, which python_tests compares with the `finish` event's."""
+    for step in (threading._shutdown, atexit._run_exitfuncs, lambda: sys.stdout.flush(),  # type: ignore[attr-defined]
+                 lambda: sys.stderr.flush()):
+        try:
+            step()
+        except BaseException:  # noqa: BLE001, S110 - as the interpreter's exit does: nothing stops it
+            pass
+    os._exit(status)

@@ -83,7 +83,9 @@ from tidal.sandbox.batch import (
 from tidal.types import Outcome, Score, Task
 
 PLUGIN_MODULE = "tidal_pytest_report"
-PYTEST_OPTIONS = ("-p", "no:cacheprovider", "-q", "--color=no", "-o", "addopts=", "--rootdir=.")
+# Output capture off: nothing reads a test's output (the verdicts come from the report channel),
+# and pytest's capture of each test phase to a temporary file cost ~3% of a pool sample's CPU.
+PYTEST_OPTIONS = ("-p", "no:cacheprovider", "-q", "--color=no", "--capture=no", "-o", "addopts=", "--rootdir=.")
 # pytest's --tb styles a task may pick (verifier arg `traceback`). The default, `line`: a failing
 # test's evidence is its exception and the line that raised it (pytest's crash line, which the
 # report plugin puts first); quoting source cost roughly a tenth of a pool sample's CPU (bench/RESULTS.md).
