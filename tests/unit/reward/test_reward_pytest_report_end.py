@@ -5,7 +5,6 @@ terminal summary and the plugins' unconfigure steps skipped. A plain pytest run 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -84,4 +83,3 @@ def test_a_harnessed_session_ends_after_its_finish_event_and_a_plain_run_does_no
     assert plain.returncode == 1
     assert "unconfigure ran" in plain.stdout and "1 failed, 1 passed" in plain.stdout
     assert "atexit ran" in plain.stdout
-    assert not os.path.exists(work / ".pytest_cache")

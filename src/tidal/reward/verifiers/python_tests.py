@@ -84,7 +84,8 @@ from tidal.types import Outcome, Score, Task
 
 PLUGIN_MODULE = "tidal_pytest_report"
 # Output capture off: nothing reads a test's output (the verdicts come from the report channel),
-# and pytest's capture of each test phase to a temporary file cost ~3% of a pool sample's CPU.
+# and pytest's capture of each test phase to a temporary file cost ~3% of a pool sample's CPU
+# (alternated `bench/sandbox_costs.py` runs; docs/design/sandbox.md, "Cost").
 PYTEST_OPTIONS = ("-p", "no:cacheprovider", "-q", "--color=no", "--capture=no", "-o", "addopts=", "--rootdir=.")
 # pytest's --tb styles a task may pick (verifier arg `traceback`). The default, `line`: a failing
 # test's evidence is its exception and the line that raised it (pytest's crash line, which the
