@@ -37,8 +37,8 @@ import types
 
 # No `typing` at run time (the candidate side imports this module in the companions' nursery: see
 # the zygote's imports). Nothing here is imported late: in the test process a late import looks
-# in the workspace first, where the answer's process writes, and the report plugin refuses a
-# module planted there as tampering.
+# in the workspace first, where the answer's process writes, and `PlantedModuleGuard` (below)
+# refuses a module planted there as tampering.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -589,11 +589,12 @@ def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
 
 
 def _end(status: int) -> None:
-    """End the process once the session's end is reported, as the interpreter's exit would (the
-    threads that are not daemons joined, the atexit functions run, the standard streams flushed)
-    but without what nobody reads or needs: the terminal summary, the plugins' unconfigure steps,
-    the interpreter's finalization (bench/RESULTS.md, "Sandbox pool"). An atexit function can still
-    change the exit status, which python_tests compares with the `finish` event's."""
+    """End the process once the session's end is reported, as the interpreter's exit (and the
+    zygote's `run_main`) would: the threads that are not daemons joined, the atexit functions run,
+    the standard streams flushed; but without what nobody reads or needs: the terminal summary,
+    the plugins' unconfigure steps, the interpreter's finalization (bench/RESULTS.md, "Sandbox
+    pool"). An atexit function can still change the exit status, which python_tests compares with
+    the `finish` event's."""
     for step in (threading._shutdown, atexit._run_exitfuncs, lambda: sys.stdout.flush(),  # type: ignore[attr-defined]
                  lambda: sys.stderr.flush()):
         try:
