@@ -7,8 +7,10 @@ use the same reward function (1 if the completion contains the right number, els
 completion is forced to exactly --new-tokens tokens: tidal samples with `ignore_eos=True`, TRL
 generates with `min_new_tokens` (the eos logit is masked until then). TRL generates with its own
 `model.generate` (no vLLM). Each side runs in its own subprocess with the same torch thread
-count; after --warmup untimed steps, --steps steps are timed, from the end of one optimizer step to
-the end of the next. One more step per side runs untimed under torch's `FlopCounterMode`: the
+count, pinned to that many cores; after --warmup untimed steps, --steps steps are timed, from the
+end of one optimizer step to the end of the next. tidal runs synchronously (on-policy, as TRL does)
+and, as a fourth side, asynchronously: the next batch sampled while the update runs, one step
+off-policy (bench/rl_step_tidal.py). One more step per side runs untimed under torch's `FlopCounterMode`: the
 FLOPs each side computes, so the ratio splits into less work and work done faster. The result
 (completions/s, the ratio tidal / TRL, the work) is written into the "## RL step" section of
 bench/RESULTS.md.
@@ -43,7 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import machine, write_section  # noqa: E402
 
 SECTION = "## RL step"
-SIDES = ("tidal", "trl", "tidal-unshared")  # the last: tidal with trainer.shared_prefix=false
+# tidal-unshared: tidal with trainer.shared_prefix=false; tidal-async: generation overlapping the
+# update, one step off-policy (bench/rl_step_tidal.py)
+SIDES = ("tidal", "trl", "tidal-unshared", "tidal-async")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,7 +107,11 @@ class WorkCounter:
 
     def __init__(self) -> None:
         import torch
-        from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+        from torch.utils.flop_counter import (
+            FlopCounterMode,
+            sdpa_backward_flop_count,
+            sdpa_flop_count,
+        )
 
         def attention(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
             return sdpa_flop_count(query, key, value)
@@ -158,78 +166,6 @@ def build_model_and_tokenizer(seed: int) -> tuple[Any, Any]:
 
 
 # ------------------------------------------------------------------ the two sides
-
-
-def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]], dict[str, float]]:
-    """Step seconds of the timed steps, per-step facts (completions, tokens, reward), and the
-    FLOPs of one more step, counted (untimed)."""
-    import torch
-
-    from tidal.algos import assign_advantages
-    from tidal.config.schema import AlgorithmConfig, TrainerConfig
-    from tidal.models.io import render_prompt
-    from tidal.rollout.engine import EmbeddedEngine, SamplingParams
-    from tidal.trainer.logprobs import collate
-    from tidal.trainer.trainer import Trainer
-    from tidal.types import Episode, Outcome, Score
-
-    model, tokenizer = build_model_and_tokenizer(args.seed)
-    device = torch.device("cpu")
-    total_steps = args.warmup + args.steps + 1  # the last one is counted, not timed
-    engine = EmbeddedEngine(model, tokenizer, device)
-    shared = args.side != "tidal-unshared"  # each distinct prompt once per micro-batch (trainer/prefix.py)
-    trainer = Trainer(
-        model, TrainerConfig(lr=1e-5, micro_batch_size=args.prompts * args.samples, shared_prefix=shared),
-        AlgorithmConfig(), device, total_steps=total_steps,
-    )
-    pad_id = tokenizer.pad_token_id
-    questions = arithmetic_questions(args.seed)
-    prompt_ids = [render_prompt(tokenizer, [{"role": "user", "content": q}]) for q, _ in questions]
-
-    def step(index: int) -> dict[str, float]:
-        chosen = [(index * args.prompts + p) % len(questions) for p in range(args.prompts)]
-        params = SamplingParams(
-            temperature=1.0, max_new_tokens=args.new_tokens, ignore_eos=True, seed=args.seed * 1_000_003 + index
-        )
-        began = time.perf_counter()
-        groups = engine.generate([prompt_ids[i] for i in chosen], args.samples, params)
-        generated = time.perf_counter()
-        episodes = []
-        for question, group in zip(chosen, groups):
-            group_id = f"step-{index:04d}/q{question:03d}"
-            for k, completion in enumerate(group):
-                reward = arithmetic_reward(completion.text, questions[question][1])
-                score = Score(reward, Outcome.PASSED if reward else Outcome.FAILED)
-                episodes.append(
-                    Episode(f"{group_id}/s{k:02d}", f"q{question:03d}", "math", group_id, completion, score)
-                )
-        assign_advantages(episodes, "grpo")
-        batch = collate(episodes, pad_id, device)
-        scored = time.perf_counter()
-        trainer.rl_step(batch)
-        engine.update_weights(None, version=index + 1)
-        return {
-            "generate_s": generated - began,
-            "score_collate_s": scored - generated,
-            "train_s": time.perf_counter() - scored,
-            "completions": len(episodes),
-            "tokens": sum(len(e.completion.token_ids) for e in episodes),
-            "reward": sum(e.score.value for e in episodes if e.score) / len(episodes),
-        }
-
-    for index in range(args.warmup):
-        step(index)
-    seconds, facts = [], []
-    with profiled(args.profile == args.side):
-        for index in range(args.warmup, total_steps - 1):
-            start = time.perf_counter()
-            facts.append(step(index))
-            seconds.append(time.perf_counter() - start)
-    counter = WorkCounter()
-    counter.wrap_generate(engine)
-    with counter:
-        step(total_steps - 1)
-    return seconds, facts, counter.result()
 
 
 def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]], dict[str, float]]:
@@ -346,9 +282,14 @@ def profiled(enabled: bool) -> Iterator[None]:
 def run_side(args: argparse.Namespace) -> None:
     """Run one side in this process and print its result as one JSON line."""
     import torch
+    from rl_step_tidal import run_tidal, run_tidal_async
 
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > args.threads[0]:  # n threads get n cores, whatever threads a side starts
+        os.sched_setaffinity(0, cpus[: args.threads[0]])
     torch.set_num_threads(args.threads[0])
-    seconds, facts, flops = (run_trl if args.side == "trl" else run_tidal)(args)
+    run = {"trl": run_trl, "tidal-async": run_tidal_async}.get(args.side, run_tidal)
+    seconds, facts, flops = run(args)
     result = {"side": args.side, "seconds": seconds, "facts": facts, "flops": flops, "threads": torch.get_num_threads()}
     print(json.dumps(result))
 
@@ -394,6 +335,7 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[
     step_seconds: dict[str, list[float]] = {side: [] for side in SIDES}
     phase_seconds: dict[str, dict[str, list[float]]] = {side: {} for side in SIDES if side != "trl"}
     flops: dict[str, dict[str, float]] = {}
+    staleness: list[int] = []  # of each tidal-async batch when trained
     for round_index in range(args.rounds):
         for side in SIDES:
             loads.append(os.getloadavg()[0])
@@ -409,6 +351,8 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[
             for fact in result["facts"]:
                 for key in (k for k in fact if k.endswith("_s")):
                     phase_seconds.get(side, {}).setdefault(key, []).append(fact[key])
+                if "staleness" in fact:
+                    staleness.append(int(fact["staleness"]))
     row: dict[str, Any] = {"threads": threads}
     for side in SIDES:
         median = statistics.median(step_seconds[side])
@@ -422,6 +366,8 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[
         }
     row["ratio"] = row["tidal"]["completions_per_s"] / row["trl"]["completions_per_s"]
     row["unshared_ratio"] = row["tidal-unshared"]["completions_per_s"] / row["trl"]["completions_per_s"]
+    row["async_ratio"] = row["tidal-async"]["completions_per_s"] / row["trl"]["completions_per_s"]
+    row["staleness"] = {k: staleness.count(k) for k in sorted(set(staleness))}
     row["phases"] = {side: {key.removesuffix("_s"): statistics.median(v) for key, v in by_key.items()}
                      for side, by_key in phase_seconds.items()}
     return row
@@ -435,9 +381,11 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for row in rows:
         for side, label in (("tidal", "tidal"), ("trl", "TRL GRPOTrainer"),
-                            ("tidal-unshared", "tidal, `trainer.shared_prefix=false`")):
+                            ("tidal-unshared", "tidal, `trainer.shared_prefix=false`"),
+                            ("tidal-async", "tidal async: next batch sampled during the update (`max_staleness: 1`)")):
             s = row[side]
-            ratio = {"tidal": f"**{row['ratio']:.2f}x**", "tidal-unshared": f"{row['unshared_ratio']:.2f}x"}.get(side, "")
+            ratio = {"tidal": f"**{row['ratio']:.2f}x**", "tidal-unshared": f"{row['unshared_ratio']:.2f}x",
+                     "tidal-async": f"**{row['async_ratio']:.2f}x**"}.get(side, "")
             lines.append(
                 f"| {row['threads']} | {label} | {s['median_step_s']:.3f} | {s['min_step_s']:.3f} | "
                 f"{s['completions_per_s']:.1f} | {s['tokens_per_s']:.0f} | {ratio} |"
@@ -489,9 +437,17 @@ def section(
         "contains the right number (one Python function for both), GRPO advantages, one AdamW step "
         "(lr 1e-5, betas 0.9/0.99, clip 0.2/0.28, grad clip 1), fp32 on CPU, no KL. "
         f"{args.warmup} warm-up step(s), then {args.steps} timed steps per side per round, {args.rounds} round(s) "
-        f"(tidal, TRL, then tidal without shared prompts, one subprocess each, same torch thread count); a step is "
-        "timed from the end of one "
-        f"optimizer step to the end of the next; the median of the {timed} timed steps counts.",
+        f"(tidal, TRL, tidal without shared prompts, then tidal async; one subprocess each, same torch thread "
+        "count, pinned to as many cores); a step is timed from the end of one "
+        f"optimizer step to the end of the next; the median of the {timed} timed steps counts. "
+        "tidal async is `pipeline.mode: async` with the local backend and `algorithm.max_staleness: 1`, built "
+        "from pipeline/async_loop.py's parts (bench/rl_step_tidal.py): a sampler thread generates and scores "
+        "batch b + 1 with its own copy of the model while the trainer trains batch b; after each update the "
+        "trainer publishes its weights (a copy, its SHA-256 and canary logprobs: pipeline/weights.py) and the "
+        "sampler loads and verifies them before its next batch; torch's threads are split between the two as the "
+        "loop splits them (`pipeline.rollout_threads`, at 2 threads one each). Its batches are one update stale "
+        "when trained (PPO's ratio is taken against the sampling weights' logprobs), so it is not the same "
+        "algorithm as the on-policy rows; its FLOPs are the synchronous step's.",
         "",
         f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- machine: {machine()}",
@@ -504,6 +460,8 @@ def section(
         *(f"- {side}'s step by phase at {row['threads']} thread(s), median s: {phases(row, side)}"
           for row in rows for side in row["phases"]),
         *(f"- {work(row)}" for row in rows),
+        *(f"- tidal async at {row['threads']} thread(s), staleness of the timed batches when trained (updates: "
+          f"batches): {', '.join(f'{k}: {n}' for k, n in row['staleness'].items())}" for row in rows),
         "",
         "Where the time goes: reward, advantages and collation take milliseconds; a step is the sampler's "
         f"{args.new_tokens} model forwards (one prefill, then one decode step for all rows at a time) plus one "
@@ -524,6 +482,11 @@ def section(
         "is mostly decode steps of 16 rows, whose matmuls are too small to keep two cores busy and which pay the "
         "per-op cost of a forward for every token, so tidal's sampling runs at a fraction of its update's rate "
         "and its step as a whole at about TRL's. "
+        "tidal async puts the two halves of the step on different cores: its step is the longer of the "
+        "trainer's path (the update at its share of the threads, then the publication) and the sampler's "
+        "(loading and verifying the weights, then generation), each slower than with all the threads, plus what "
+        "they take from each other (the GIL between torch's kernels, memory bandwidth); with one core for both "
+        "threads there is nothing to overlap. "
         "Between runs of this benchmark the ratio moves by about 10% with the machine's load. "
         "With 2 threads on 2 shared cores, any other busy process makes each parallel region wait for a descheduled "
         "thread (steps of 20 s instead of 0.5 s were seen): trust only runs whose load average stayed near the "

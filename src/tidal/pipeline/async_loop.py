@@ -63,6 +63,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from tidal.pipeline.backends import Workers, get_backend
 from tidal.pipeline.loop import (
     LoopParts,
@@ -518,6 +520,11 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
     ]
     scorer = _ScorerThread(dataclasses.replace(parts, scorer=scoring), mixer_lock, store, store_lock,
                            sampled, batches, stop)
+    threads = torch.get_num_threads()
+    if workers.trainer_threads is not None:  # this thread's share of the CPU while the workers run
+        torch.set_num_threads(workers.trainer_threads)
+        logger.info("CPU threads: %d for the trainer, %s for each rollout worker (torch had %d)",
+                    workers.trainer_threads, getattr(workers.rollouts[0], "threads", "?"), threads)
     for sampler in samplers:
         sampler.start()
     scorer.start()
@@ -589,4 +596,5 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
         scheduler.close()
         parts.scheduler = None
         workers.close()
+        torch.set_num_threads(threads)
     return taken

@@ -69,7 +69,7 @@ def state_checksum(state: dict[str, torch.Tensor]) -> str:
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         flat = tensor.contiguous().reshape(-1)
         if flat.numel():
-            digest.update(flat.cpu().view(torch.uint8).numpy().tobytes())
+            digest.update(flat.cpu().view(torch.uint8).numpy())  # hashed in place, not copied to bytes
     return digest.hexdigest()
 
 

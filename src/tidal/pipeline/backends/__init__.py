@@ -65,13 +65,15 @@ class Workers:
     scoring worker (which may share each batch among several scorers). `restarts()` counts worker
     restarts so far (by kind); `close()` stops what `start` started. `replace(i)` starts a new
     rollout worker for slot `i` (the scheduler's answer to a failed health check), stopping the
-    old one, and returns it."""
+    old one, and returns it. `trainer_threads`: torch CPU threads the loop's trainer thread runs
+    with while the workers run beside it (None: as it is)."""
 
     rollouts: list[RolloutWorker]
     scorer: ScoringWorker
     close: Callable[[], None] = lambda: None
     restarts: Callable[[], dict[str, int]] = field(default=dict)
     replace: Callable[[int], RolloutWorker] | None = None
+    trainer_threads: int | None = None
 
 
 class Backend(Protocol):

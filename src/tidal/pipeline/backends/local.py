@@ -4,7 +4,11 @@ loop's sampler and scorer threads.
 Each rollout worker samples from its own copy of the policy (another copy of the model in memory,
 so `pipeline.rollout_workers: N` holds N + 1 copies), which it replaces by each publication it is
 handed, verified (`weights.load_verified`). Workers generate on their sampler threads at once;
-torch releases the GIL in its kernels, but on a CPU they share its cores.
+torch releases the GIL in its kernels, but on a CPU they share its cores with the trainer. So on a
+CPU the loop splits torch's threads (`pipeline.rollout_threads`, `cpu_thread_split`): each worker
+sets its own thread's count and the trainer's thread keeps the rest, instead of every thread
+starting as many as there are cores and each parallel region waiting on threads descheduled for
+another's (docs/design/loop.md, "Threads on a CPU").
 Scoring uses the run's `Scorer` (its sandbox pool scores a batch's answers in parallel); with
 `pipeline.scorer_workers > 1`, that many scorers, each with its own pool, share each batch.
 """
@@ -15,12 +19,28 @@ import copy
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
 from tidal.pipeline.backends import Workers, split_by_task
 from tidal.pipeline.loop import LoopParts, sample_episodes
 from tidal.pipeline.weights import UNLOADED, Publication, check_canary, load_verified
 from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import Cancel, EmbeddedEngine
 from tidal.types import Episode, Score, Task
+
+
+def cpu_thread_split(total: int, workers: int, rollout_threads: int | None) -> tuple[int, int] | None:
+    """(the trainer's, each rollout worker's) torch CPU threads when `total` threads are shared by
+    the trainer and `workers` rollout workers; None leaves torch's settings alone.
+
+    `rollout_threads` is `pipeline.rollout_threads`: None splits `total` evenly (the trainer gets
+    what the division leaves over), 0 means no split, k gives each worker k and the trainer the
+    rest. Everyone gets at least one thread, so with fewer threads than parties the threads
+    outnumber `total`."""
+    if rollout_threads == 0:
+        return None
+    each = rollout_threads if rollout_threads is not None else max(1, total // (workers + 1))
+    return max(1, total - each * workers), each
 
 
 def rollout_engine(parts: LoopParts) -> EmbeddedEngine:
@@ -35,16 +55,19 @@ class LocalRollout:
     """Generates on the sampler thread with its own engine; loads each new publication between
     batches, so it never generates while its weights change."""
 
-    def __init__(self, parts: LoopParts, index: int = 0) -> None:
+    def __init__(self, parts: LoopParts, index: int = 0, threads: int | None = None) -> None:
         self.index = index  # its slot among the run's rollout workers
         self.parts = dataclasses.replace(parts, engine=rollout_engine(parts))
         self.tolerance = parts.config.pipeline.canary_tolerance
         self.loaded: Publication | None = None  # the header of the publication the engine holds
+        self.threads = threads  # torch CPU threads of the thread it samples on; None: leave them
 
     def sample(
         self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None,
         cancel: Cancel | None = None,
     ) -> list[Episode]:
+        if self.threads is not None and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)  # this thread's OpenMP and MKL count (and new threads' default)
         if self.parts.engine.weight_version != publication.version:
             load_verified(self.parts.engine, publication, self.tolerance)
             self.loaded = publication.header()
@@ -81,18 +104,23 @@ class LocalBackend:
 
     def start(self, parts: LoopParts) -> Workers:
         pipeline = parts.config.pipeline
-        rollouts = [LocalRollout(parts, i) for i in range(pipeline.rollout_workers)]
+        split = None
+        if parts.engine.device.type == "cpu":
+            split = cpu_thread_split(torch.get_num_threads(), pipeline.rollout_workers, pipeline.rollout_threads)
+        trainer_threads, threads = split if split is not None else (None, None)
+        rollouts = [LocalRollout(parts, i, threads) for i in range(pipeline.rollout_workers)]
         replaced = {"rollout": 0}
 
         def replace(index: int) -> LocalRollout:  # a fresh copy of the policy; it loads the next publication
-            rollouts[index] = LocalRollout(parts, index)
+            rollouts[index] = LocalRollout(parts, index, threads)
             replaced["rollout"] += 1
             return rollouts[index]
 
+        common = {"restarts": lambda: dict(replaced), "replace": replace, "trainer_threads": trainer_threads}
         if pipeline.scorer_workers == 1:  # the run's scorer: it closes it itself
-            return Workers(rollouts, parts.scorer, restarts=lambda: dict(replaced), replace=replace)
+            return Workers(rollouts, parts.scorer, **common)
         pool = ScorerPool([Scorer(parts.config.reward) for _ in range(pipeline.scorer_workers)])
-        return Workers(rollouts, pool, close=pool.close, restarts=lambda: dict(replaced), replace=replace)
+        return Workers(rollouts, pool, close=pool.close, **common)
 
 
 BACKEND = LocalBackend()
