@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -61,13 +62,17 @@ class LocalRollout:
         self.tolerance = parts.config.pipeline.canary_tolerance
         self.loaded: Publication | None = None  # the header of the publication the engine holds
         self.threads = threads  # torch CPU threads of the thread it samples on; None: leave them
+        self._thread = threading.local()  # what it set on the current thread
 
     def sample(
         self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None,
         cancel: Cancel | None = None,
     ) -> list[Episode]:
-        if self.threads is not None and torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)  # this thread's OpenMP and MKL count (and new threads' default)
+        if self.threads is not None and getattr(self._thread, "threads", None) != self.threads:
+            # Set on each thread it samples on, once: this thread's OpenMP and MKL counts (a thread's
+            # own reading of torch's count can agree while MKL, never told, still uses another).
+            torch.set_num_threads(self.threads)
+            self._thread.threads = self.threads
         if self.parts.engine.weight_version != publication.version:
             load_verified(self.parts.engine, publication, self.tolerance)
             self.loaded = publication.header()
