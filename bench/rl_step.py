@@ -444,8 +444,9 @@ def section(
         "from pipeline/async_loop.py's parts (bench/rl_step_tidal.py): a sampler thread generates and scores "
         "batch b + 1 with its own copy of the model while the trainer trains batch b; after each update the "
         "trainer publishes its weights (a copy, its SHA-256 and canary logprobs: pipeline/weights.py) and the "
-        "sampler loads and verifies them before its next batch; torch's threads are split between the two as the "
-        "loop splits them (`pipeline.rollout_threads`, at 2 threads one each). Its batches are one update stale "
+        "sampler loads and verifies them before its next batch; torch's threads are split between the two as "
+        "the loop splits them by default (`pipeline.rollout_threads` and `pipeline.trainer_threads` null: at 2 "
+        "threads one each, at 1 one each on the one core). Its batches are one update stale "
         "when trained (PPO's ratio is taken against the sampling weights' logprobs), so it is not the same "
         "algorithm as the on-policy rows; its FLOPs are the synchronous step's.",
         "",

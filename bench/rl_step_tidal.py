@@ -9,8 +9,9 @@ scores batch b + 1 on a sampler thread while the trainer trains batch b; after e
 trainer publishes its weights (`weights.publish`: a copy, its checksum and canary logprobs), and
 the sampler starts batch b only once version b - 1 or newer is published, loading and verifying it
 first (`weights.load_verified`). torch's threads are split between the two threads as the loop
-splits them (`backends.local.cpu_thread_split`). Each batch is thus at most one update stale when
-trained, and the update's PPO ratio is taken against the logprobs of the weights that sampled it.
+splits them by default (`backends.local.cpu_thread_split`: halved, at least one each). Each
+batch is thus at most one update stale when trained, and the update's PPO ratio is taken against
+the logprobs of the weights that sampled it.
 """
 
 from __future__ import annotations
@@ -134,9 +135,7 @@ def run_tidal_async(args: argparse.Namespace) -> tuple[list[float], list[dict[st
     channel = WeightChannel()
     channel.publish(publish(model, 0, canary))
     threads = torch.get_num_threads()
-    split = cpu_thread_split(threads, 1, None)
-    assert split is not None
-    trainer_threads, sampler_threads = split
+    trainer_threads, sampler_threads = cpu_thread_split(threads, 1, None, None)  # the loop's default
     stop = threading.Event()
     batches: queue.Queue = queue.Queue(maxsize=1)  # one batch ready while the trainer trains the one before
     failures: list[BaseException] = []
@@ -156,7 +155,7 @@ def run_tidal_async(args: argparse.Namespace) -> tuple[list[float], list[dict[st
                 loaded = time.perf_counter()
                 batch, facts = sample_batch(args, parts, rollout, index)
                 batches.put((batch, {**facts, "sampler_idle_s": waited - began, "load_s": loaded - waited}))
-        except Exception as error:  # handed to the trainer, which raises it
+        except Exception as error:  # noqa: BLE001 (handed to the trainer, which raises it)
             failures.append(error)
             batches.put(None)
 

@@ -366,10 +366,15 @@ class PipelineConfig(Section):
     )
     rollout_threads: int | None = Field(
         None, ge=0, le=1024,
-        description="async mode, local backend, on a CPU: torch CPU threads of each rollout worker; the trainer "
-        "keeps the rest of torch's threads (at least 1) while the loop runs. null = split torch's threads evenly "
-        "between the trainer and the rollout workers (at least 1 each); 0 = no split, every thread uses torch's "
-        "count (threads on more threads than cores wait on each other)",
+        description="async mode, local backend, on a CPU: torch CPU threads of each rollout worker's thread. "
+        "null = its share of torch's count T: T // (rollout_workers + 1), at least 1; 0 = T "
+        "(docs/design/loop.md, 'Threads on a CPU')",
+    )
+    trainer_threads: int | None = Field(
+        None, ge=0, le=1024,
+        description="async mode, on a CPU: torch CPU threads of the trainer's thread while the loop runs. "
+        "null = with the local backend, what the rollout workers leave of torch's count T (at least 1), else T; "
+        "0 = T",
     )
     retries: int = Field(
         3, ge=0, le=100,

@@ -521,10 +521,10 @@ def run_async_rl(parts: LoopParts, start_step: int = 0, on_step: StepCallback | 
     scorer = _ScorerThread(dataclasses.replace(parts, scorer=scoring), mixer_lock, store, store_lock,
                            sampled, batches, stop)
     threads = torch.get_num_threads()
-    if workers.trainer_threads is not None:  # this thread's share of the CPU while the workers run
-        torch.set_num_threads(workers.trainer_threads)
-        logger.info("CPU threads: %d for the trainer, %s for each rollout worker (torch had %d)",
-                    workers.trainer_threads, getattr(workers.rollouts[0], "threads", "?"), threads)
+    trainer_threads = workers.trainer_threads or pipeline.trainer_threads  # the backend's split, else the config's
+    if trainer_threads and parts.trainer.device.type == "cpu":
+        torch.set_num_threads(trainer_threads)  # this thread's share of the cores while the loop runs
+        logger.info("CPU threads: %d for the trainer while the loop runs (torch has %d)", trainer_threads, threads)
     for sampler in samplers:
         sampler.start()
     scorer.start()

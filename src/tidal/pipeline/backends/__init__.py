@@ -65,8 +65,8 @@ class Workers:
     scoring worker (which may share each batch among several scorers). `restarts()` counts worker
     restarts so far (by kind); `close()` stops what `start` started. `replace(i)` starts a new
     rollout worker for slot `i` (the scheduler's answer to a failed health check), stopping the
-    old one, and returns it. `trainer_threads`: torch CPU threads the loop's trainer thread runs
-    with while the workers run beside it (None: as it is)."""
+    old one, and returns it. `trainer_threads`: torch CPU threads of the loop's trainer thread while
+    the workers run (None: `pipeline.trainer_threads`, or torch's count)."""
 
     rollouts: list[RolloutWorker]
     scorer: ScoringWorker

@@ -5,10 +5,10 @@ Each rollout worker samples from its own copy of the policy (another copy of the
 so `pipeline.rollout_workers: N` holds N + 1 copies), which it replaces by each publication it is
 handed, verified (`weights.load_verified`). Workers generate on their sampler threads at once;
 torch releases the GIL in its kernels, but on a CPU they share its cores with the trainer. So on a
-CPU the loop splits torch's threads (`pipeline.rollout_threads`, `cpu_thread_split`): each worker
-sets its own thread's count and the trainer's thread keeps the rest, instead of every thread
-starting as many as there are cores and each parallel region waiting on threads descheduled for
-another's (docs/design/loop.md, "Threads on a CPU").
+CPU the backend splits torch's threads (`cpu_thread_split`, `pipeline.rollout_threads` and
+`pipeline.trainer_threads`): each worker sets its own thread's count and the trainer's thread
+runs with the rest, instead of every thread starting as many as there are cores
+(docs/design/loop.md, "Threads on a CPU").
 Scoring uses the run's `Scorer` (its sandbox pool scores a batch's answers in parallel); with
 `pipeline.scorer_workers > 1`, that many scorers, each with its own pool, share each batch.
 """
@@ -30,18 +30,22 @@ from tidal.rollout.engine import Cancel, EmbeddedEngine
 from tidal.types import Episode, Score, Task
 
 
-def cpu_thread_split(total: int, workers: int, rollout_threads: int | None) -> tuple[int, int] | None:
-    """(the trainer's, each rollout worker's) torch CPU threads when `total` threads are shared by
-    the trainer and `workers` rollout workers; None leaves torch's settings alone.
+def cpu_thread_split(total: int, workers: int, rollout_threads: int | None, trainer_threads: int | None) -> tuple[int, int]:
+    """(the trainer's, each rollout worker's) torch CPU threads when `total` (torch's count) are
+    shared by the trainer and `workers` rollout workers on this machine's cores.
 
-    `rollout_threads` is `pipeline.rollout_threads`: None splits `total` evenly (the trainer gets
-    what the division leaves over), 0 means no split, k gives each worker k and the trainer the
-    rest. Everyone gets at least one thread, so with fewer threads than parties the threads
-    outnumber `total`."""
-    if rollout_threads == 0:
-        return None
-    each = rollout_threads if rollout_threads is not None else max(1, total // (workers + 1))
-    return max(1, total - each * workers), each
+    `rollout_threads` and `trainer_threads` are the config's: None takes the share (each worker
+    `total // (workers + 1)`, the trainer what the workers leave), 0 takes `total`, k takes k.
+    Everyone gets at least one thread, so with fewer threads than parties they outnumber `total`."""
+    if rollout_threads is None:
+        each = max(1, total // (workers + 1))
+    else:
+        each = rollout_threads or total
+    if trainer_threads is None:
+        trainer = max(1, total - each * workers)
+    else:
+        trainer = trainer_threads or total
+    return trainer, each
 
 
 def rollout_engine(parts: LoopParts) -> EmbeddedEngine:
@@ -109,10 +113,11 @@ class LocalBackend:
 
     def start(self, parts: LoopParts) -> Workers:
         pipeline = parts.config.pipeline
-        split = None
-        if parts.engine.device.type == "cpu":
-            split = cpu_thread_split(torch.get_num_threads(), pipeline.rollout_workers, pipeline.rollout_threads)
-        trainer_threads, threads = split if split is not None else (None, None)
+        trainer_threads = threads = None
+        if parts.engine.device.type == "cpu":  # set even when torch's: a new thread takes the last count set anywhere
+            trainer_threads, threads = cpu_thread_split(
+                torch.get_num_threads(), pipeline.rollout_workers, pipeline.rollout_threads, pipeline.trainer_threads
+            )
         rollouts = [LocalRollout(parts, i, threads) for i in range(pipeline.rollout_workers)]
         replaced = {"rollout": 0}
 
