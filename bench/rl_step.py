@@ -107,11 +107,7 @@ class WorkCounter:
 
     def __init__(self) -> None:
         import torch
-        from torch.utils.flop_counter import (
-            FlopCounterMode,
-            sdpa_backward_flop_count,
-            sdpa_flop_count,
-        )
+        from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
         def attention(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
             return sdpa_flop_count(query, key, value)
@@ -165,7 +161,7 @@ def build_model_and_tokenizer(seed: int) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-# ------------------------------------------------------------------ the two sides
+# ------------------------------------------------------------------ the sides (tidal's: bench/rl_step_tidal.py)
 
 
 def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]], dict[str, float]]:
