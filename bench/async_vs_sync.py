@@ -30,7 +30,6 @@ after RL, samples trained). The result goes into the "## Async vs sync" section 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import shlex
 import statistics
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import machine, write_section
+from results_md import command_line, write_section
 
 SECTION = "## Async vs sync"
 LAST = 3  # train reward: mean over this many last steps
@@ -167,21 +166,16 @@ def report(args: argparse.Namespace, sides: dict[str, dict[str, Any]], command: 
     lines = [
         section_name(args),
         "",
-        f"`{command}` — {dt.date.today().isoformat()}, {machine()}.",
+        (
+            "Wall time of the RL phase, the synchronous loop against the asynchronous one (`pipeline.mode: async`,"
+            f" `max_staleness: {args.max_staleness}`) on each backend, same job from the same warm-started weights:"
+            f" the built-in `code` family, difficulty 1, {workload}, scored in bwrap sandboxes ({args.workers} at a"
+            f" time); the tiny model (hidden {args.hidden}, {args.layers} layers, warm-started {args.warm_start} steps);"
+            f" {args.steps} GRPO steps of {args.tasks} tasks x {args.group_size} samples, up to {args.new_tokens} new"
+            f" tokens, {args.threads} torch thread(s), seed {args.seed}."
+        ),
         "",
-        (
-            f"Workload: the built-in `code` family, difficulty 1, {workload}, answers scored in bwrap sandboxes"
-            f" ({args.workers} at a time); {args.threads} torch thread(s); the tiny model (hidden {args.hidden},"
-            f" {args.layers} layers) warm-started once for {args.warm_start} steps on half the train tasks' references"
-            f" (every side loads that checkpoint); {args.steps} GRPO steps of {args.tasks} tasks x {args.group_size}"
-            f" samples, up to {args.new_tokens} new tokens, seed {args.seed}; each side in a fresh run folder; async"
-            f" with `max_staleness: {args.max_staleness}`."
-        ),
-        (
-            f"Per step in the synchronous run: generate {sync['generate_s']:.2f} s, score {sync['score_s']:.2f} s,"
-            f" train {sync['train_s']:.2f} s; perfect overlap of the three (each on its own resources) would be"
-            f" {bound:.2f}x."
-        ),
+        command_line(command),
         "",
         "| side | RL wall time (s) | speed-up over sync | train reward, last steps | held-out pass rate after | trained samples |",
         "|---|---|---|---|---|---|",
@@ -192,27 +186,41 @@ def report(args: argparse.Namespace, sides: dict[str, dict[str, Any]], command: 
             f"| {name} | {side['rl_s']:.1f} | {'**' + format(ratio, '.2f') + 'x**' if name != 'sync' else '1.00x'}"
             f" | {side['train_reward_last']:.3f} | {fmt(side['heldout_after'])} | {side['trained_samples']} |"
         )
-    lines.append("")
+    where = [
+        f"Where the time goes: a synchronous step is generate {sync['generate_s']:.2f} s, score {sync['score_s']:.2f} s"
+        f" and train {sync['train_s']:.2f} s; perfect overlap of the three (each on its own resources) would be"
+        f" {bound:.2f}x. The staleness bound allows no step shorter than its chain, (generate + score + train) /"
+        " (max_staleness + 1)."
+    ]
     for name, side in sides.items():
-        if name == "sync":
-            continue
-        lines.append(
-            f"- {name} per step: {side['step_s']:.2f} s; generate {side['generate_s']:.2f} s and score"
-            f" {side['score_s']:.2f} s (overlapped), trainer idle {fmt(side['trainer_idle_s'])} s, scorer idle"
-            f" {fmt(side['scorer_idle_s'])} s, sampler idle {fmt(side['sampler_idle_s'])} s; the staleness bound's"
-            f" chain at these stage times, (generate + score + train) / (max_staleness + 1):"
-            f" {chain_s(side, args.max_staleness):.2f} s."
-        )
+        if name != "sync":
+            where.append(
+                f"{name}: a step of {side['step_s']:.2f} s (generate {side['generate_s']:.2f} s and score"
+                f" {side['score_s']:.2f} s overlapped; idle: trainer {fmt(side['trainer_idle_s'])} s, scorer"
+                f" {fmt(side['scorer_idle_s'])} s, sampler {fmt(side['sampler_idle_s'])} s), a chain of"
+                f" {chain_s(side, args.max_staleness):.2f} s."
+            )
     if "async-local" in sides and "async-ray" in sides:
         local, ray = sides["async-local"], sides["async-ray"]
-        lines.append(
-            f"- Backend overhead: Ray's RL phase took {ray['rl_s'] - local['rl_s']:+.1f} s"
-            f" ({ray['rl_s'] / max(local['rl_s'], 1e-9):.2f}x) against the local backend's. Its first step took"
-            f" {fmt(ray['first_step_s'])} s (local: {fmt(local['first_step_s'])} s): Ray starting in the process and"
-            f" its actors importing torch and tidal and receiving the model; its later steps {fmt(ray['later_step_s'])} s"
-            f" each (local: {fmt(local['later_step_s'])} s), each weight version going through the object store."
+        where.append(
+            f"Ray's RL phase took {ray['rl_s'] - local['rl_s']:+.1f} s ({ray['rl_s'] / max(local['rl_s'], 1e-9):.2f}x)"
+            f" against the local backend's: its first step {fmt(ray['first_step_s'])} s (local"
+            f" {fmt(local['first_step_s'])} s: Ray starting, its actors importing torch and tidal and receiving the"
+            f" model), its later steps {fmt(ray['later_step_s'])} s (local {fmt(local['later_step_s'])} s: each weight"
+            " version goes through the object store)."
         )
-    lines.append("")
+    where.append(
+        "Scoring here waits as well as computes, so the stages overlap up to the staleness bound (batch b + s + 1"
+        " is not generated before batch b is trained: docs/design/loop.md, \"The staleness bound\")."
+        if args.test_wait_s > 0 else
+        "Here the three stages are CPU-bound and share the machine's cores, so the overlap can only fill what each"
+        " stage leaves idle, and each overlapped stage runs slower than alone."
+    )
+    where.append(
+        "Trained samples differ because the gate drops groups whose rewards are all equal, and which groups those are"
+        f" depends on the weights that sampled them; the train reward is the mean of the last {LAST} steps."
+    )
+    lines += ["", " ".join(where), ""]
     if max(side["trained_samples"] for side in sides.values()) == 0:
         lines += [
             (

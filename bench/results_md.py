@@ -20,6 +20,11 @@ def write_section(path: Path, heading: str, text: str) -> None:
     path.write_text(updated)
 
 
+def command_line(command: str, *versions: str) -> str:
+    """The line under a section's description: the exact command, the machine and the versions it ran with."""
+    return f"Command: `{command}` ({machine()}{'; ' + ', '.join(versions) if versions else ''})"
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:

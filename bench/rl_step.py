@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import datetime as dt
 import json
 import os
 import pstats
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import machine, write_section  # noqa: E402
+from results_md import command_line, write_section  # noqa: E402
 
 SECTION = "## RL step"
 # tidal-unshared: tidal with trainer.shared_prefix=false; tidal-async: generation overlapping the
@@ -411,83 +410,47 @@ def phases(row: dict[str, Any], side: str) -> str:
     return ", ".join(f"{key} {value:.3f}" for key, value in row["phases"][side].items())
 
 
-def section(
-    args: argparse.Namespace, rows: list[dict[str, Any]], loads: list[float], parameters: int, vocab: int
-) -> str:
+def section(args: argparse.Namespace, rows: list[dict[str, Any]], parameters: int, vocab: int) -> str:
     import torch
     import transformers
-    import trl
+    from trl import __version__ as trl_version
 
     command = "python bench/rl_step.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
     timed = args.steps * args.rounds
+    row = rows[0]
+    tidal, trl, unshared = row["tidal"]["flops"], row["trl"]["flops"], row["tidal-unshared"]["flops"]
+    phase = row["phases"]["tidal"]
+    less = trl["total"] / tidal["total"]
+    faster = row["tidal"]["gflops_per_s"] / row["trl"]["gflops_per_s"]
+    rate = {key: tidal[key] / phase[key] / 1e9 for key in ("generate", "train")}
     lines = [
         SECTION,
         "",
-        "One RL step of tidal (`EmbeddedEngine.generate` -> reward -> `assign_advantages(grpo)` -> `collate` -> "
-        "`Trainer.rl_step` -> `update_weights`) against TRL `GRPOTrainer` (its own `generate`, no vLLM), on the "
-        f"built-in tiny Qwen2 (hidden 256, 4 layers, 4 query / 2 KV heads, MLP 768, vocab {vocab}, tied embeddings, "
-        f"{parameters / 1e6:.2f}M parameters), same seed and weights on both sides. Per step: {args.prompts} "
-        f"arithmetic prompts x {args.samples} samples = {args.prompts * args.samples} completions of exactly "
-        f"{args.new_tokens} tokens (forced: tidal `SamplingParams(ignore_eos=True)`, TRL "
-        f"`generation_kwargs={{'min_new_tokens': {args.new_tokens}}}`), temperature 1, reward 1 if the completion "
-        "contains the right number (one Python function for both), GRPO advantages, one AdamW step "
-        "(lr 1e-5, betas 0.9/0.99, clip 0.2/0.28, grad clip 1), fp32 on CPU, no KL. "
-        f"{args.warmup} warm-up step(s), then {args.steps} timed steps per side per round, {args.rounds} round(s) "
-        f"(tidal, TRL, tidal without shared prompts, then tidal async; one subprocess each, same torch thread "
-        "count, pinned to as many cores); a step is timed from the end of one "
-        f"optimizer step to the end of the next; the median of the {timed} timed steps counts. "
-        "tidal async is `pipeline.mode: async` with the local backend and `algorithm.max_staleness: 1`, built "
-        "from pipeline/async_loop.py's parts (bench/rl_step_tidal.py): a sampler thread generates and scores "
-        "batch b + 1 with its own copy of the model while the trainer trains batch b; after each update the "
-        "trainer publishes its weights (a copy, its SHA-256 and canary logprobs: pipeline/weights.py) and the "
-        "sampler loads and verifies them before its next batch; torch's threads are split between the two as "
-        "the loop splits them by default (`pipeline.rollout_threads` and `pipeline.trainer_threads` null: at 2 "
-        "threads one each, at 1 one each on the one core). Its batches are one update stale "
-        "when trained (PPO's ratio is taken against the sampling weights' logprobs), so it is not the same "
-        "algorithm as the on-policy rows; its FLOPs are the synchronous step's.",
+        f"One RL step ({args.prompts} arithmetic prompts x {args.samples} samples of exactly {args.new_tokens} tokens, "
+        "reward, GRPO advantages, one AdamW update, fp32, no KL) of tidal against TRL `GRPOTrainer` (its own "
+        f"`generate`, no vLLM) on the built-in tiny Qwen2 ({parameters / 1e6:.2f}M parameters, vocab {vocab}), same "
+        "seed, weights and reward on both sides (bench/rl_step.py's docstring has the whole setup). Median of "
+        f"{timed} timed steps per side ({args.rounds} rounds of {args.steps} after {args.warmup} warm-up), each side "
+        "in its own subprocess pinned to as many cores as torch threads. tidal async is `pipeline.mode: async` with "
+        "`max_staleness: 1` (bench/rl_step_tidal.py): one update off-policy, so not the on-policy rows' algorithm.",
         "",
-        f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {machine()}",
-        f"- 1-minute load average before each run: {', '.join(f'{x:.2f}' for x in loads[:-1])}; after: {loads[-1]:.2f}",
-        f"- versions: torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}",
-        f"- command: `{command}`",
+        command_line(command, f"torch {torch.__version__}", f"transformers {transformers.__version__}",
+                     f"trl {trl_version}"),
         "",
         *table(rows),
         "",
-        *(f"- {side}'s step by phase at {row['threads']} thread(s), median s: {phases(row, side)}"
-          for row in rows for side in row["phases"]),
-        *(f"- {work(row)}" for row in rows),
-        *(f"- tidal async at {row['threads']} thread(s), staleness of the timed batches when trained (updates: "
-          f"batches): {', '.join(f'{k}: {n}' for k, n in row['staleness'].items())}" for row in rows),
-        "",
-        "Where the time goes: reward, advantages and collation take milliseconds; a step is the sampler's "
-        f"{args.new_tokens} model forwards (one prefill, then one decode step for all rows at a time) plus one "
-        "forward and backward over the batch, fp32 matmuls both. tidal's lead comes "
-        "from the sampler (the lean forward of rollout/lean.py instead of `transformers`' module machinery, a KV "
-        "cache written in place, no logits-processor machinery per decode step, each prompt prefilled once), from "
-        "running each distinct prompt once in the update as well (its KV cache shared by its group's completions, "
-        "`trainer.shared_prefix`; the third row is tidal without it), from torch's fused AdamW, from a backward "
-        "that does not recompute the LM head tile by tile, as TRL's chunked log-prob function does, and from a "
-        "log-softmax over all completions at once whose backward writes each row's gradient once (until "
-        "2026-12-01 each completion's logits were taken as row b of the batch's, and autograd zero-filled a "
-        "whole batch-sized gradient for every row and added them up: trainer/logprobs.py, `sequence_logprobs`). "
-        "The work lines split the ratio into less work and faster work. FLOPs are counted by torch's "
-        "`FlopCounterMode` over one more, untimed step of each side (every matmul and attention call as it ran, "
-        "forward and backward; elementwise ops, the sampler and the optimizer are not counted), and a rate is those "
-        "FLOPs over the median timed step. Less work is most of tidal's lead: TRL prefills every sample's copy of "
-        "its prompt and runs every prompt token through the update once per sample. What is left of tidal's step "
-        "is mostly decode steps of 16 rows, whose matmuls are too small to keep two cores busy and which pay the "
-        "per-op cost of a forward for every token, so tidal's sampling runs at a fraction of its update's rate "
-        "and its step as a whole at about TRL's. "
-        "tidal async puts the two halves of the step on different cores: its step is the longer of the "
-        "trainer's path (the update at its share of the threads, then the publication) and the sampler's "
-        "(loading and verifying the weights, then generation), each slower than with all the threads, plus what "
-        "they take from each other (the GIL between torch's kernels, memory bandwidth); with one core for both "
-        "threads there is nothing to overlap. "
-        "Between runs of this benchmark the ratio moves by about 10% with the machine's load. "
-        "With 2 threads on 2 shared cores, any other busy process makes each parallel region wait for a descheduled "
-        "thread (steps of 20 s instead of 0.5 s were seen): trust only runs whose load average stayed near the "
-        "benchmark's own.",
+        f"Where the time goes, at {row['threads']} thread(s): tidal's step is generation {phase['generate']:.3f} s "
+        f"and the update {phase['train']:.3f} s; reward, advantages and collation {phase['score_collate']:.3f} s. "
+        f"TRL computes {less:.2f}x tidal's FLOPs ({trl['total'] / 1e9:.2f} against {tidal['total'] / 1e9:.2f} GFLOP "
+        "a step: torch's `FlopCounterMode` over one untimed step, matmuls and attention, forward and backward) "
+        f"and tidal runs at {faster:.2f}x TRL's FLOP rate: {less:.2f} x {faster:.2f} = {less * faster:.2f}x. Less work is "
+        "most of the lead: TRL prefills every sample's copy of its prompt and runs every prompt token through the "
+        "update once per sample, where tidal runs each distinct prompt once in both (`trainer.shared_prefix`; "
+        f"without it the update is {unshared['train'] / 1e9:.2f} GFLOP instead of {tidal['train'] / 1e9:.2f}). "
+        f"tidal's sampling runs at {rate['generate']:.1f} GFLOP/s against its update's {rate['train']:.1f}: decode "
+        f"steps of {args.prompts * args.samples} rows are too small to keep the cores busy. The async row overlaps "
+        "the sampler's thread with the trainer's; on one core there is nothing to overlap. The script prints the "
+        "load average before each run: trust only runs where it stayed near the benchmark's own.",
         "",
     ]
     return "\n".join(lines)
@@ -516,7 +479,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_write:
         model, tokenizer = build_model_and_tokenizer(args.seed)
         parameters = sum(p.numel() for p in model.parameters())
-        write_section(args.results, SECTION, section(args, rows, loads, parameters, len(tokenizer)))
+        write_section(args.results, SECTION, section(args, rows, parameters, len(tokenizer)))
         print(f"wrote the {SECTION!r} section of {args.results}")
 
 

@@ -14,7 +14,6 @@ written into the "## Rollout" section of bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import shlex
 import statistics
@@ -24,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import machine, write_section  # noqa: E402
+from results_md import command_line, write_section  # noqa: E402
 
 SECTION = "## Rollout"
 
@@ -133,25 +132,24 @@ def compare(args: argparse.Namespace) -> list[dict[str, float]]:
     return rows
 
 
-def section(args: argparse.Namespace, rows: list[dict[str, float]], load: str) -> str:
+def section(args: argparse.Namespace, rows: list[dict[str, float]]) -> str:
     import torch
     import transformers
 
     command = "python bench/rollout.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
-    where = f"on {torch.cuda.get_device_name(0)}" if args.device == "cuda" else "on the CPU"
+    versions = [f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
+    if args.device == "cuda":
+        versions.insert(0, torch.cuda.get_device_name(0))
     lines = [
         section_name(args),
         "",
-        f"Embedded engine vs Hugging Face `model.generate(num_return_sequences={args.samples}, use_cache=True)` on the "
-        f"built-in tiny model (default shape): {args.prompts} prompts x {args.samples} samples, "
-        f"{args.prompt_tokens} prompt tokens, exactly {args.new_tokens} new tokens each, temperature 1; "
-        f"generated tokens/s {where}, median of {args.repeats} interleaved rounds after a warm-up, same process; "
-        "the ratio is the median of the per-round ratios.",
+        f"Generated tokens/s of the embedded engine against Hugging Face `model.generate(num_return_sequences="
+        f"{args.samples}, use_cache=True)` on the built-in tiny model: {args.prompts} prompts x {args.samples} samples, "
+        f"{args.prompt_tokens} prompt tokens, exactly {args.new_tokens} new tokens each, temperature 1, on the "
+        f"{'GPU' if args.device == 'cuda' else 'CPU'}. Median of {args.repeats} interleaved rounds after a warm-up in "
+        "one process; each ratio is the median of the per-round ratios.",
         "",
-        f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {machine()}; load average at start {load}",
-        f"- versions: torch {torch.__version__}, transformers {transformers.__version__}",
-        f"- command: `{command}`",
+        command_line(command, *versions),
         "",
         "| torch threads | HF generate (tok/s) | embedded (tok/s) | embedded / HF | embedded, transformers forward "
         "(tok/s) | its ratio | same with DynamicCache (tok/s) | its ratio |",
@@ -165,14 +163,15 @@ def section(args: argparse.Namespace, rows: list[dict[str, float]], load: str) -
         )
     lines += [
         "",
-        "Where the difference comes from: each prompt is prefilled once and its KV cache copied to its "
-        f"{args.samples} samples (generate prefills {args.samples} copies); the embedded engine's cache is written in "
-        "place instead of re-concatenated every step (compare the DynamicCache column); and Llama-family models run "
-        "through the lean forward (rollout/lean.py: the same arithmetic without `transformers`' module calls, mask "
-        "building and cache bookkeeping; compare the transformers-forward column, `kv_cache=\"flat\"`). On a shared machine the "
-        "absolute numbers move with the load (see the load average; with other processes busy on the same cores, "
-        "torch's threads wait on each other, hence the thread rows); the ratio, measured in one process with "
-        "interleaved runs, is the figure to compare.",
+        f"Where the time goes: `generate` prefills each prompt {args.samples} times, the engine once, copying its KV "
+        f"cache to the {args.samples} samples. The engine writes its cache in place instead of re-concatenating it "
+        "every decode step (the DynamicCache column), and runs Llama-family models through the lean forward of "
+        "rollout/lean.py, the same arithmetic without `transformers`' module calls, mask building and cache "
+        "bookkeeping (the transformers-forward column, `kv_cache=\"flat\"`)."
+        + (" On an accelerator it looks at which rows are done only every few decode steps (a read-back waits for "
+           "the GPU's queue to drain) and generates up to 4096 rows in one pass (`max_batch_rows`)."
+           if args.device == "cuda" else
+           " On shared cores torch's threads wait on each other, hence the thread rows."),
         "",
     ]
     return "\n".join(lines)
@@ -186,8 +185,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     rows = compare(args)
+    print(f"load average at start {load}")
     if not args.no_write:
-        write_section(args.results, section_name(args), section(args, rows, load))
+        write_section(args.results, section_name(args), section(args, rows))
         print(f"wrote the {section_name(args)!r} section of {args.results}")
 
 

@@ -28,7 +28,6 @@ The result is written into the "## Sandbox pool" section of bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import platform
 import re
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import machine, write_section  # noqa: E402
+from results_md import command_line, write_section  # noqa: E402
 from scoring import plain_pytest, variants  # noqa: E402
 
 SECTION = "## Sandbox pool"
@@ -417,113 +416,58 @@ def same_verdicts(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     return row
 
 
-def section(args: argparse.Namespace, rows: dict[str, Any], loads: list[str]) -> str:
+def section(args: argparse.Namespace, rows: dict[str, Any]) -> str:
     import pytest
 
     o, r, v, snap = rows["overhead"], rows["runs"], rows["verify"], rows["snapshot"]
     vi, d, di, vf = rows["verify in_process"], rows["verdicts"], rows["verdicts in_process"], rows["verify fresh"]
     command = "python bench/sandbox.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
+
+    def verification_rows(name: str, row: dict[str, float]) -> list[str]:
+        return [f"| {name}, samples/s | {row['samples/s, pool']:.1f} | {row['samples/s, bare pytest']:.1f} "
+                f"| **{row['speedup']:.2f}x** faster |",
+                f"| {name}, CPU ms per sample | {row['cpu ms, pool']:.1f} | {row['cpu ms, bare pytest']:.1f} "
+                f"| **{row['cpu speedup']:.2f}x** less |"]
+
     lines = [
         SECTION, "",
-        "Isolated runs through a warm `SandboxPool` (a forked child of a zygote that imported pytest once, in a "
-        "fresh workspace, every process killed and /tmp emptied after it) against the same command as a bare "
-        f"subprocess on the host running the sandbox's own interpreter (the default image's, so both sides import the same "
-        f"files). Medians of {args.repeats} interleaved rounds after a warm-up, same process.", "",
-        f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {machine()}; load average (1 min) at the start of each part: {', '.join(loads)}",
-        f"- versions: Python {platform.python_version()}, pytest {pytest.__version__}",
-        f"- command: `{command}`", "",
-        "| per run (ms) | pool | bare subprocess | pool / bare | cold sandbox | cold / bare |",
-        "|---|---:|---:|---:|---:|---:|",
-        f"| `pass` | {o['pass, pool']:.1f} | {o['pass, bare']:.1f} | **{o['pass ratio']:.2f}x** | {o['pass, cold sandbox']:.1f} "
-        f"| {o['pass, cold sandbox'] / o['pass, bare']:.2f}x |",
-        f"| 3-test pytest file | {o['pytest, pool']:.1f} | {o['pytest, bare']:.1f} | **{o['pytest ratio']:.2f}x** "
-        f"| {o['pytest, cold sandbox']:.1f} | {o['pytest, cold sandbox'] / o['pytest, bare']:.2f}x |", "",
-        f"- isolated `pass`-like runs per second: **{r['runs/s, pool']:.0f}** with a pool of {args.workers} zygotes, "
-        f"{r['runs/s, one zygote']:.0f} with one ({r['scaling']:.2f}x)",
-        "- snapshot / restore of a session workspace (3 files + 1 MiB): "
-        + (f"{snap['snapshot ms']:.1f} ms / {snap['restore ms']:.1f} ms" if snap else "not measured (no snapshot()/restore())"),
-        f"- verification, {args.tasks} `code` tasks x 8 answers, {args.workers} at a time, pool (`Scorer.score_many`: "
-        "per task a pytest template collected once per zygote and forked per answer, out of process the answer's "
-        "process forked from the zygote's nursery; every check of `python_tests`) against bare `python -m pytest` "
-        "per sample with the same interpreter:",
-        f"  - mode auto (out of process: the answer in a process of its own): **{v['samples/s, pool']:.1f}** samples/s "
-        f"vs {v['samples/s, bare pytest']:.1f}: **{v['speedup']:.2f}x**; CPU per sample (every process, host and "
-        f"sandbox) {v['cpu ms, pool']:.1f} ms vs {v['cpu ms, bare pytest']:.1f} ms: **{v['cpu speedup']:.2f}x**; verdicts "
-        f"agreed on {v['agree']:.0f}/{v['samples']:.0f}",
-        f"  - mode in_process: **{vi['samples/s, pool']:.1f}** samples/s vs {vi['samples/s, bare pytest']:.1f}: "
-        f"**{vi['speedup']:.2f}x**; CPU per sample {vi['cpu ms, pool']:.1f} ms vs {vi['cpu ms, bare pytest']:.1f} ms: "
-        f"**{vi['cpu speedup']:.2f}x**; verdicts agreed on {vi['agree']:.0f}/{vi['samples']:.0f}",
-        f"  - in the shape of RL steps (mode auto; every round {args.tasks} tasks no earlier round saw, so each pays its "
-        f"templates, {vf['group']} answers each, half right): **{vf['samples/s, pool']:.1f}** samples/s vs "
-        f"{vf['samples/s, bare pytest']:.1f}: **{vf['speedup']:.2f}x**; CPU per sample {vf['cpu ms, pool']:.1f} ms vs "
-        f"{vf['cpu ms, bare pytest']:.1f} ms: **{vf['cpu speedup']:.2f}x**",
-        f"- same verdicts, {d['answers']} answers per mode ({min(args.tasks, 2)} tasks x (8 variants + 7 hostile: hangs, "
-        "exits 0 at import, rewrites its exit status, always-equal object, leaves a daemon, writes a conftest.py, reads "
-        "the test file)), pool against the single path (a sandbox and a whole pytest session per answer):",
-        f"  - mode auto: value and outcome identical on **{d['identical']}/{d['answers']}** (outcomes: "
-        f"{', '.join(d['outcomes'])}); bare pytest's exit code agrees with the pool on {d['bare agrees on honest']}/"
-        f"{d['honest']} honest answers and calls these hostile ones passed: {', '.join(d['bare fooled by']) or 'none'}",
-        f"  - mode in_process: identical on **{di['identical']}/{di['answers']}** (outcomes: {', '.join(di['outcomes'])}); "
-        f"bare pytest agrees on {di['bare agrees on honest']}/{di['honest']} honest answers, passes: "
-        f"{', '.join(di['bare fooled by']) or 'none'}",
+        "What isolation costs through a warm `SandboxPool` (a zygote's forked child in a fresh workspace, cleaned up "
+        "after) against the same command as a bare host subprocess with the sandbox's interpreter, and verification "
+        f"of `code` answers ({args.tasks} tasks x 8, {args.workers} at a time) by `Scorer.score_many` on the pool "
+        f"against bare `python -m pytest` per sample; the RL-step shape gives every round {args.tasks} tasks no earlier "
+        f"round saw, {vf['group']} answers each, half right. Medians of {args.repeats} interleaved rounds after a "
+        "warm-up, in one process.", "",
+        command_line(command, f"Python {platform.python_version()}", f"pytest {pytest.__version__}"), "",
+        "| measure | sandboxed | bare | sandboxed vs bare |",
+        "|---|---:|---:|---:|",
+        f"| `pass`, ms per run, warm pool | {o['pass, pool']:.1f} | {o['pass, bare']:.1f} "
+        f"| **{o['pass ratio']:.2f}x** the time |",
+        f"| `pass`, ms per run, cold bwrap sandbox | {o['pass, cold sandbox']:.1f} | {o['pass, bare']:.1f} "
+        f"| {o['pass, cold sandbox'] / o['pass, bare']:.2f}x the time |",
+        f"| 3-test pytest file, ms per run, warm pool | {o['pytest, pool']:.1f} | {o['pytest, bare']:.1f} "
+        f"| **{o['pytest ratio']:.2f}x** the time |",
+        f"| 3-test pytest file, ms per run, cold bwrap sandbox | {o['pytest, cold sandbox']:.1f} | {o['pytest, bare']:.1f} "
+        f"| {o['pytest, cold sandbox'] / o['pytest, bare']:.2f}x the time |",
+        *verification_rows("verification, mode auto", v),
+        *verification_rows("verification, mode in_process", vi),
+        *verification_rows("verification, RL-step shape (auto)", vf),
         "",
-        'Before templates and companions (2026-11-30 11:32 UTC, the same command, load 0.7-1.8) verification '
-        'ran at 1.46x (auto) and 2.98x (in_process) of bare pytest; with them, while failing tests were still'
-        ' reported with `--tb=short` (2026-11-30 15:31 UTC), at 6.04x and 7.41x. Two back-to-back pairs on '
-        '2026-12-01, `python bench/sandbox.py --verify-only --traceback short` (the earlier style; the first '
-        'pair ran it as the then option `--pytest-options`) and then `--verify-only`: at 02:43 UTC 6.04x '
-        '(auto) and 5.79x (in_process), CPU per sample 58.5 and 66.5 ms, against 7.67x and 6.79x, 46.5 and '
-        '56.2 ms; at 03:27 UTC 6.46x and 7.21x, 58.8 and 49.2 ms, against 6.89x and 7.56x, 52.9 and 52.7 ms. '
-        "So `--tb=line` saves roughly a tenth of a sample's CPU, about the size of this machine's run-to-run "
-        "noise. Three changes of the same day (docs/design/sandbox.md, \"Cost\" and \"Templates and companions\"): an answer "
-        "that does not import no longer ends its session through pytest's KeyboardInterrupt report; a zygote "
-        "indexes pytest's plugin modules for the fixture scan that was half of each template's start-up; a "
-        "template or the nursery forks each job's process as the zygote's child (CLONE_PARENT) instead of "
-        "through a middle process. A full run with the first two (05:13 UTC) gave 7.57x (auto; CPU per sample "
-        "43.1 ms vs 356.5 ms), 10.20x (in_process; 40.2 ms vs 321.7 ms) and 6.47x in the shape of RL steps; "
-        "with all three (06:11 UTC) 8.96x (33.8 ms vs 286.9 ms), 9.14x (35.2 ms vs 312.1 ms) and 7.00x. "
-        "Alternating the previous and the new harness file around the bench's own verification functions "
-        "(what `--verify-only` runs): in_process 7.53x and 7.25x before the first change, 8.28x and 8.93x "
-        "after; in the shape of RL steps (auto) 5.89x and 5.95x before the second, 6.63x and 6.56x after. "
-        "Three more changes of the same day: the host reads a job's output and report every 10 ms instead "
-        "of at each line; the report plugin builds a failed test's `--tb=line` report without pytest's walk of "
-        "the whole traceback; the zygote's warm-up compiles what pytest needs to quote a source line. A full "
-        "run with the first two (08:50 UTC) gave 8.93x (auto; 34.0 ms vs 285.6 ms), 10.49x (in_process; 30.4 "
-        "ms vs 282.3 ms) and 7.11x in the shape of RL steps; bench/sandbox_costs.py (its section below) splits "
-        "the pool's side. Bases (one pytest session per zygote, configured and started, that forks each task's "
-        "template before collection; docs/design/sandbox.md, \"Templates and companions\") came in the afternoon, "
-        "when this machine ran slower (bare pytest 480-615 ms of CPU per sample against 285-310 ms in the "
-        "morning). Back to back with `--verify-only` (13:47 and 13:51 UTC), the commit before them (256d5e6) "
-        "gave 9.01x (auto; CPU per sample 56.0 ms vs 529.2 ms), 11.12x (in_process) and 8.00x in the shape of "
-        "RL steps (CPU 7.95x); the commit with them gave 9.53x (62.7 ms vs 615.2 ms), 13.12x and 8.28x (CPU "
-        "8.76x); a full run with them (13:44 UTC) gave 9.60x (auto; 53.1 ms vs 503.8 ms), 13.39x and 9.31x. "
-        "`python bench/sandbox_costs.py` put a template at 66-81 ms of CPU without bases and 47-55 ms with "
-        "them. Then a template came to index only the modules imported since its base (inspect's index of "
-        "module files, whose rescan read every module object and so copied its page), and an "
-        "answer's process to reuse from its template libc's `prctl`, pytest's item locations and the import "
-        "finders of folders outside the workspace. Back to back with `--verify-only` (about 15:25 UTC), the "
-        "commit before that (e65024e) gave 9.96x (auto; CPU per sample 45.0 ms vs 442.5 ms, a CPU ratio of "
-        "10.13x), 11.18x (in_process) and 8.10x in the shape of RL steps (48.8 ms vs 387.1 ms); the commit "
-        "with it 9.33x (43.5 ms vs 419.6 ms, 9.78x), 12.34x and 7.79x (45.8 ms vs 367.5 ms). On 2026-12-02 "
-        "the companions' nursery stopped importing `typing`, `dataclasses`, `pathlib`, `shutil` and `platform`, "
-        "which each answer's process out of process inherits; a full run with it (03:02 UTC, a slow evening of "
-        "this machine: isolated `pass`-like runs 129/s, bare pytest 551 ms of CPU per sample) gave 9.27x (auto; "
-        "54.6 ms vs 551.2 ms, CPU 9.64x), 13.16x and 8.89x. Then the report plugin came to end an answer's "
-        "process right after the session's `finish` event (without pytest's terminal summary, its plugins' "
-        "unconfigure steps and, in a session of its own, the interpreter's finalization), and pytest to run "
-        "with `--capture=no`, bare pytest too (docs/design/sandbox.md, \"Cost\"). The first three full runs "
-        "with both (2026-12-02 05:40, 05:46 and 06:16 UTC, the last with `--no-write`) gave 10.20x, 10.83x and "
-        "10.36x (auto; CPU per sample 50.2, 50.4 and 55.6 ms, CPU ratios 11.01x, 10.97x and 10.92x), 12.83x, "
-        "13.54x and 13.94x (in_process), and 9.43x, 10.03x and 9.39x in the shape of RL steps. The aim is 10x: "
-        "mode in_process has reached it in every full run since 2026-12-01 05:13 UTC; mode auto, which "
-        "function-style tasks get by default, reached it in a full run for the first time in those three "
-        "(8.8-9.6x in the five before). Samples per second depend on the host's load, which slows bare pytest's "
-        "start-up more than the pool's forks (the ratio rises with it), and on this shared machine even the "
-        'CPU per sample moves by about 15% from one run to the next (compare the runs above). What a pool '
-        'sample still costs is listed in docs/design/sandbox.md, "Cost": mostly pytest\'s own work in the '
-        "answer's process (its per-test protocol, the pages a fork copies on write), the answer's process out"
-        " of process, and a template's build per task and zygote.",
+        f"Also measured: isolated `pass`-like runs, {r['runs/s, pool']:.0f}/s with a pool of {args.workers} zygotes "
+        f"and {r['runs/s, one zygote']:.0f}/s with one ({r['scaling']:.2f}x); snapshot / restore of a session "
+        "workspace (3 files + 1 MiB): "
+        + (f"{snap['snapshot ms']:.1f} / {snap['restore ms']:.1f} ms" if snap else "not measured (no snapshot()/restore())")
+        + f". Verdicts: the pool and bare pytest agreed on {v['agree']:.0f}/{v['samples']:.0f} (auto) and "
+        f"{vi['agree']:.0f}/{vi['samples']:.0f} (in_process) answers; on {d['answers']} answers per mode (8 variants "
+        "and 7 hostile kinds per task) the pool's value and outcome equal the single path's (a sandbox and a pytest "
+        f"session per answer) on {d['identical']}/{d['answers']} (auto) and {di['identical']}/{di['answers']} "
+        f"(in_process), while bare pytest passes these hostile ones: {', '.join(d['bare fooled by']) or 'none'}.",
+        "",
+        "Where the time goes: a pool job is a fork of a zygote that has imported pytest, and per task a template "
+        "collected once per zygote forks each answer, so an answer pays neither an interpreter start nor pytest's "
+        "import and collection, which bare pytest pays per sample (the target is 10x). What a pool sample still "
+        "costs (pytest's per-test protocol, pages a fork copies on write, the answer's own process out of process, "
+        "a template per task and zygote) is in docs/design/sandbox.md, \"Cost\", and split by bench/sandbox_costs.py "
+        "below. Load slows bare pytest's start-up more than the pool's forks, so the ratio rises with it.",
         "",
     ]
     return "\n".join(lines)
@@ -561,7 +505,7 @@ def main(argv: list[str] | None = None) -> None:
     load()
     print(f"load average (1 min) at the start of each part and the end: {', '.join(loads)}")
     if not (args.no_write or args.verify_only):
-        write_section(args.results, SECTION, section(args, rows, loads))
+        write_section(args.results, SECTION, section(args, rows))
         print(f"wrote the {SECTION!r} section of {args.results}")
 
 

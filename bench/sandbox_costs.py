@@ -22,7 +22,7 @@ sample (the jobs' and the templates' together: what the zygotes reaped): in a po
 pages a fork shares with the process it was forked from, and fresh pages (the count does not tell
 them apart). What one copy-on-write fault costs on this host is measured once (`fault_cost_us`: a forked child writing one byte on
 each page of its parent's 32 MiB). The section "## Sandbox pool: where a sample's CPU goes" of
-bench/RESULTS.md gets both tables unless --no-write.
+bench/RESULTS.md gets both in one table unless --no-write.
 
     python bench/sandbox_costs.py                      # both modes, about two minutes on 2 cores
     python bench/sandbox_costs.py --modes in_process --repeats 1 --no-write   # a smoke run
@@ -31,7 +31,6 @@ bench/RESULTS.md gets both tables unless --no-write.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import resource
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from results_md import machine, write_section  # noqa: E402
+from results_md import command_line, write_section  # noqa: E402
 from sandbox import Tree, code_tasks, process_tree  # noqa: E402  # bench/sandbox.py
 from scoring import variants  # noqa: E402
 
@@ -195,47 +194,48 @@ def measure(args: argparse.Namespace, mode: str) -> dict[str, dict[str, float]]:
     return rows
 
 
-def section(args: argparse.Namespace, results: dict[str, dict[str, dict[str, float]]], load: str, fault_us: float) -> str:
+def section(args: argparse.Namespace, results: dict[str, dict[str, dict[str, float]]], fault_us: float) -> str:
+    every = [row for rows in results.values() for row in rows.values()]
+    jobs = [row["jobs"] / row["total"] for row in every]
+    faults = [row["faults total"] * fault_us / 1000 / row["total"] for row in every]
     lines = [
         SECTION, "",
-        (f"Where the CPU of a warm pool's verification goes, per sample (`bench/sandbox_costs.py`; the pool against "
-        f"bare pytest is \"Sandbox pool\" above). {args.tasks} `code` tasks x {args.per_task} copies of one kind of "
-        f"answer per round, {args.workers} zygotes, medians of {args.repeats} rounds per kind after a warm-up; every "
-        f"round starts each task's template anew (a zygote holds one template at a time). Jobs: the CPU each job's "
-        f"zygote reports for it (the answer's pytest process and, out of process, the answer's process); templates "
-        f"and the rest: what the zygotes reaped beyond the jobs."), "",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- machine: {machine()}; load average (1 min) at the start: {load}",
-        f"- command: `python bench/sandbox_costs.py{' --no-write' if args.no_write else ''}`", "",
-        "| mode | answers | host | zygotes | helpers | jobs | templates and the rest | total | per template |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        (f"CPU per sample of a warm pool's verification, split by process (bench/sandbox.py measures the pool against "
+         f"bare pytest): {args.tasks} `code` tasks x {args.per_task} copies of one kind of answer per round, "
+         f"{args.workers} zygotes, medians of {args.repeats} rounds per kind after a warm-up; each round starts each "
+         "task's template anew (a zygote holds one template at a time)."), "",
+        command_line(f"python bench/sandbox_costs.py{' --no-write' if args.no_write else ''}"), "",
+        "| mode | answers | host | zygotes | helpers | jobs | templates and the rest | total | per template "
+        "| minor faults | their cost |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode, rows in results.items():
         for kind, row in rows.items():
             lines.append(f"| {mode} | {kind} | " + " | ".join(f"{row[name]:.1f}" for name in (*PARTS, "total"))
-                         + f" | {row['per template']:.0f} |")
-    lines += ["", "Milliseconds of CPU per sample (per template: per template started).", "",
-              (f"Minor page faults per sample, from the same readings (jobs and templates: what the zygotes reaped). "
-               f"A copy-on-write fault cost {fault_us:.1f} us of CPU on this host (`fault_cost_us`: a forked child "
-               f"writing one byte on each page of its parent's 32 MiB, median of 5), which the last column applies "
-               f"to the total."), "",
-              "| mode | answers | host | zygotes | helpers | jobs and templates | total | at that cost (ms) |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for mode, rows in results.items():
-        for kind, row in rows.items():
-            lines.append(f"| {mode} | {kind} | " + " | ".join(f"{row['faults ' + name]:.0f}" for name in FAULT_PARTS)
-                         + f" | {row['faults total']:.0f} | {row['faults total'] * fault_us / 1000:.1f} |")
+                         + f" | {row['per template']:.0f} | {row['faults total']:.0f} "
+                         + f"| {row['faults total'] * fault_us / 1000:.1f} |")
+    lines += ["",
+              ("Milliseconds of CPU per sample; per template: per template started; minor page faults per sample, and "
+               f"their cost at {fault_us:.1f} us each (`fault_cost_us`: a forked child writing one byte on each page "
+               "of its parent's 32 MiB). Host: this process; zygotes: their own work; helpers: the nursery and the "
+               "current templates; jobs: what the zygotes report for each job (the answer's pytest process and, out "
+               "of process, the answer's own process); templates and the rest: what they reaped beyond the jobs."), "",
+              (f"Where the time goes: the jobs take {min(jobs):.0%}-{max(jobs):.0%} of a sample; the templates and the host, zygotes and helpers share the rest. Minor faults (copies "
+               "of the pages a fork shares with its zygote or template, and fresh pages) cost "
+               f"{min(faults):.0%}-{max(faults):.0%} of the total. Out of process, "
+               "the answer's own process and the nursery that forks it add to the jobs and the helpers. "
+               "docs/design/sandbox.md, \"Cost\", lists what a sample still pays for.")]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    load = f"{os.getloadavg()[0]:.1f}"
+    print(f"load average (1 min) at the start: {os.getloadavg()[0]:.1f}")
     fault_us = fault_cost_us()
     print(f"a copy-on-write page fault: {fault_us:.1f} us of CPU")
     results = {mode: measure(args, mode) for mode in args.modes}
     if not args.no_write:
-        write_section(args.results, SECTION, section(args, results, load, fault_us))
+        write_section(args.results, SECTION, section(args, results, fault_us))
         print(f"wrote {args.results}")
 
 

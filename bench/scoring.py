@@ -15,7 +15,6 @@ that the batched and the per-answer scores agree. The result is written into the
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import platform
 import re
@@ -34,7 +33,7 @@ if TYPE_CHECKING:
     from tidal.types import Score, Task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import machine, write_section  # noqa: E402
+from results_md import command_line, write_section  # noqa: E402
 
 SECTION = "## Sandbox scoring"
 
@@ -105,7 +104,7 @@ def compare(args: argparse.Namespace) -> dict[str, float]:
     def batched() -> None:
         scores["batched"] = scorer.score_many(items)
 
-    def per_answer() -> None:  # what score_many did before batching: one sandbox per answer
+    def per_answer() -> None:  # the unbatched path: one sandbox per answer
         scores["per_answer"] = list(pool.map(lambda item: scorer.score(*item), items))
 
     def plain() -> None:
@@ -138,40 +137,32 @@ def compare(args: argparse.Namespace) -> dict[str, float]:
     return row
 
 
-def section(args: argparse.Namespace, row: dict[str, float], loads: tuple[str, str]) -> str:
+def section(args: argparse.Namespace, row: dict[str, float]) -> str:
     import pytest
 
     command = "python bench/scoring.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
     lines = [
         SECTION,
         "",
-        f"`python_tests` scoring of one RL step's code answers: {args.tasks} tasks of the built-in `code` family x 8 "
-        f"distinct answers (reference, reworded reference, six wrong or broken variants), {args.workers} scoring jobs "
-        f"at a time, no score cache; answers/s, median of {args.repeats} interleaved rounds after a warm-up, same "
-        "process; each ratio is the median of the per-round ratios. Batched: `Scorer.score_many` (one bwrap sandbox "
-        "per task, pytest imported once, a forked child per answer). One sandbox per answer: `Scorer.score` per answer, "
-        "what `score_many` did before. Plain pytest: `python -m pytest` per answer in a temporary folder on the host, "
-        "no sandbox, no report plugin, no checks.",
+        f"Answers/s of `python_tests` scoring of one RL step's code answers ({args.tasks} `code` tasks x 8 distinct "
+        f"answers: the reference, a reworded one, six wrong or broken), {args.workers} at a time, no score cache: "
+        "`Scorer.score_many` against `Scorer.score` per answer (a sandbox each) and plain `python -m pytest` per "
+        f"answer on the host (no sandbox, no checks). Median of {args.repeats} interleaved rounds after a warm-up in "
+        "one process; each ratio is the median of the per-round ratios.",
         "",
-        f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {machine()}; load average at start {loads[0]}, at the end {loads[1]}",
-        f"- versions: Python {platform.python_version()}, pytest {pytest.__version__}",
-        f"- command: `OMP_NUM_THREADS=1 {command}`",
+        command_line(f"OMP_NUM_THREADS=1 {command}", f"Python {platform.python_version()}", f"pytest {pytest.__version__}"),
         "",
         "| way | answers/s | batched is |",
         "|---|---:|---:|",
-        f"| batched (one sandbox per task) | {row['batched']:.1f} | |",
+        f"| batched (`Scorer.score_many`) | {row['batched']:.1f} | |",
         f"| one sandbox per answer | {row['per_answer']:.1f} | **{row['vs_per_answer']:.2f}x** faster |",
         f"| plain unsandboxed pytest subprocess | {row['plain_pytest']:.1f} | **{row['vs_plain']:.2f}x** faster |",
         "",
-        f"Batched and per-answer scores (value and outcome) agreed on {row['agree']:.0f}/{row['answers']:.0f} answers. "
-        "Where the difference comes from: each answer alone pays an interpreter start and the pytest import "
-        "(about 0.25 s of the 0.33 s), which the batch pays once per task; a forked child then only runs the "
-        f"pytest session. One sandbox per answer took {row['sandbox_cost']:.2f}x the time of plain pytest in this run: "
-        "both pay an interpreter start and a pytest import per answer (plain pytest starts the project's virtual "
-        "environment's interpreter, site-packages and all), and which of the two is ahead moved with the load in "
-        "our runs. On this shared machine the absolute numbers move with the load; the ratios, "
-        "measured in one process with interleaved runs, are the figures to compare.",
+        "Where the time goes: an answer scored alone pays an interpreter start and the pytest import, which the "
+        "batch pays once per task; per answer it then runs only the pytest session. One sandbox per answer took "
+        f"{row['sandbox_cost']:.2f}x the time of plain pytest: both pay a start and an import per answer, and which "
+        "is ahead moves with the load. Batched and per-answer scores (value and outcome) agreed on "
+        f"{row['agree']:.0f}/{row['answers']:.0f} answers.",
         "",
     ]
     return "\n".join(lines)
@@ -184,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     end_load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"load average at start {start_load}, at the end {end_load}")
     if not args.no_write:
-        write_section(args.results, SECTION, section(args, row, (start_load, end_load)))
+        write_section(args.results, SECTION, section(args, row))
         print(f"wrote the {SECTION!r} section of {args.results}")
 
 

@@ -14,7 +14,6 @@ of bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import http.client
 import json
 import os
@@ -28,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import machine, write_section  # noqa: E402
+from results_md import command_line, write_section  # noqa: E402
 
 SECTION = "## Serve"
 
@@ -144,18 +143,17 @@ def through_engine(clients: int, args: argparse.Namespace) -> float:
     return tokens / (time.perf_counter() - started)
 
 
-def section(args: argparse.Namespace, rows: list[dict[str, float]], load: str) -> str:
+def section(args: argparse.Namespace, rows: list[dict[str, float]]) -> str:
     command = "python bench/serve.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
     lines = [
         SECTION,
         "",
-        f"`tidal serve --model tiny` in its own process; C client threads each send {args.requests} chat requests in turn "
-        f"(max_tokens {args.max_tokens}, temperature 1); baseline: the same prompts through `EmbeddedEngine.generate` in "
-        f"the benchmark's process, C prompts per call. torch threads {args.threads}, --max-batch {args.max_batch}.",
+        f"Generated tokens/s of `tidal serve --model tiny` in its own process, C client threads each sending "
+        f"{args.requests} chat requests in turn (max_tokens {args.max_tokens}, temperature 1), against the same prompts "
+        "through `EmbeddedEngine.generate` in the benchmark's process, C prompts per call (ideal batching, no HTTP); "
+        f"torch threads {args.threads}, --max-batch {args.max_batch}.",
         "",
-        f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {machine()}; load average at start {load}",
-        f"- command: `{command}`",
+        command_line(command),
         "",
         "| clients | server (tok/s) | requests/s | mean latency (s) | mean requests per engine call | engine direct (tok/s) | server / engine |",
         "|---:|---:|---:|---:|---:|---:|---:|",
@@ -167,8 +165,9 @@ def section(args: argparse.Namespace, rows: list[dict[str, float]], load: str) -
         )
     lines += [
         "",
-        "Concurrency raises the server's throughput because waiting requests with equal parameters share one engine "
-        "call; the ratio to the engine alone is the cost of HTTP, JSON, tokenising and the queue.",
+        "Where the time goes: concurrency raises the server's throughput because waiting requests with equal "
+        "parameters share one engine call (the requests-per-call column); the ratio to the engine alone is what "
+        "HTTP, JSON, tokenising and the queue cost.",
         "",
     ]
     return "\n".join(lines)
@@ -176,7 +175,7 @@ def section(args: argparse.Namespace, rows: list[dict[str, float]], load: str) -
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print("load average at start " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     server, port = start_server(args)
     rows = []
     try:
@@ -194,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         server.terminate()
         server.wait(30)
     if not args.no_write:
-        write_section(args.results, SECTION, section(args, rows, load))
+        write_section(args.results, SECTION, section(args, rows))
         print(f"wrote the {SECTION!r} section of {args.results}")
 
 
