@@ -60,7 +60,7 @@ def train(
     """RL-train as the config says (warm start and evaluations included when enabled). Given a run
     folder, resume it from its latest checkpoint."""
     try:
-        from tidal.pipeline.quickstart import run_training
+        from tidal.pipeline.run import run_training
 
         report = run_training(config, list(overrides or []))
     except TidalError as error:

@@ -1,4 +1,4 @@
-"""The records that cross layers: `Task`, `Completion`, `Episode`, `Score`, `TrainBatch`.
+"""The records that cross layers: `Task`, `Completion`, `Episode`, `Group`, `Score`, `TrainBatch`.
 
 `Task` is the user-written format of ARCHITECTURE.md (pydantic, so a task file is validated with
 field paths). The others are plain dataclasses produced and consumed inside a run.
@@ -186,6 +186,32 @@ class Episode:
             "advantage": self.advantage,
             "timings": self.timings,
         }
+
+
+@dataclass
+class Group:
+    """One task's samples in one step, from sampling to the update: the task, its completions (as
+    episodes, in sample order) and, once scored, their rewards. GRPO-style baselines are taken
+    within a group; `position` is the task's index in its step's batch."""
+
+    task: Task
+    position: int
+    episodes: list[Episode]
+
+    @property
+    def id(self) -> str:
+        """The stable id its episodes carry as `group_id` (stored with each trajectory)."""
+        return self.episodes[0].group_id if self.episodes else f"{self.task.id}/g{self.position:03d}"
+
+    @property
+    def kept(self) -> list[Episode]:
+        """The episodes the gate let through."""
+        return [e for e in self.episodes if e.keep]
+
+
+def flatten(groups: list[Group]) -> list[Episode]:
+    """The episodes of `groups`, in group order."""
+    return [episode for group in groups for episode in group.episodes]
 
 
 @dataclass

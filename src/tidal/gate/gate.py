@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import defaultdict
 
 from tidal.config.schema import GateConfig
-from tidal.types import Episode, Outcome
+from tidal.types import Episode, Group, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +88,9 @@ def _valid_reward(episode: Episode) -> float | None:
     return score.value
 
 
-def gate_episodes(episodes: list[Episode], config: GateConfig, max_new_tokens: int) -> dict[str, int]:
-    """Set `keep` and `drop_reason` on every episode; return the count of drops per reason
-    (every reason present, 0 when none)."""
+def gate_episodes(groups: list[Group], config: GateConfig, max_new_tokens: int) -> dict[str, int]:
+    """Set `keep` and `drop_reason` on every episode of `groups`; return the count of drops per
+    reason (every reason present, 0 when none)."""
     counts = dict.fromkeys(DROP_REASONS, 0)
 
     def drop(episode: Episode, reason: str) -> None:
@@ -99,23 +98,20 @@ def gate_episodes(episodes: list[Episode], config: GateConfig, max_new_tokens: i
         counts[reason] += 1
         log.debug("gate dropped episode %s (task %s): %s", episode.id, episode.task_id, reason)
 
-    for episode in episodes:
-        keep, reason = gate_single(episode, config, max_new_tokens)
-        episode.keep, episode.drop_reason = True, ""
-        if not keep:
-            drop(episode, reason)
-
+    for group in groups:
+        for episode in group.episodes:
+            keep, reason = gate_single(episode, config, max_new_tokens)
+            episode.keep, episode.drop_reason = True, ""
+            if not keep:
+                drop(episode, reason)
     if config.drop_zero_variance:
-        groups: dict[str, list[Episode]] = defaultdict(list)
-        for episode in episodes:
-            groups[episode.group_id].append(episode)
-        for members in groups.values():
-            if len(members) < 2:
+        for group in groups:
+            if len(group.episodes) < 2:
                 continue
-            rewards = [r for r in map(_valid_reward, members) if r is not None]
+            rewards = [r for r in map(_valid_reward, group.episodes) if r is not None]
             if len(rewards) >= 2 and not all(math.isclose(r, rewards[0], abs_tol=REWARD_TOLERANCE) for r in rewards):
                 continue
-            for episode in members:
+            for episode in group.episodes:
                 if episode.keep:
                     drop(episode, "zero_variance")
     return counts

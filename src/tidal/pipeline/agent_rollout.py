@@ -18,8 +18,9 @@ from tidal.types import Completion, Episode, Outcome, Score, Task
 
 if TYPE_CHECKING:
     from tidal.agent.records import AgentResult
-    from tidal.pipeline.loop import LoopParts
+    from tidal.config.schema import TidalConfig
     from tidal.rollout.engine import Cancel
+    from tidal.rollout.protocol import RolloutEngine
 
 
 def is_multi_turn(task: Task) -> bool:
@@ -48,24 +49,23 @@ def episode_from_result(result: AgentResult, episode_id: str, group_id: str, ver
     return episode
 
 
-def sample_agent_episodes(
-    parts: LoopParts, tasks: list[tuple[int, Task]], step: int, cancel: Cancel | None = None
-) -> list[Episode]:
-    """`group_size` episodes of each (index, task), in the order of `tasks` then sample; once
-    `cancel` is set, `PreemptedError` at the episodes' next turn."""
+def sample_agent_groups(
+    engine: RolloutEngine, cfg: TidalConfig, tasks: list[Task], group_ids: list[str], step: int,
+    cancel: Cancel | None = None,
+) -> list[list[Episode]]:
+    """`rollout.group_size` episodes of each task (the episodes of `group_ids[i]` for `tasks[i]`),
+    in task then sample order; once `cancel` is set, `PreemptedError` at the episodes' next turn."""
     from tidal.agent.sampling import sample_agent_results
 
-    cfg = parts.config
-    groups = sample_agent_results(
-        parts.engine, [task for _, task in tasks], cfg.rollout.group_size,
+    results = sample_agent_results(
+        engine, tasks, cfg.rollout.group_size,
         temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, stop=list(cfg.rollout.stop),
         max_new_tokens=cfg.rollout.max_new_tokens, max_tokens=cfg.rollout.agent_max_tokens,
         seed=cfg.run.seed * 1_000_003 + step, backend=cfg.reward.sandbox.backend,
         concurrency=cfg.rollout.agent_concurrency, cancel=cancel,
     )
-    episodes = []
-    for (index, _), results in zip(tasks, groups):
-        group_id = f"{parts.run.name}/step-{step:06d}/g{index:03d}"
-        for k, result in enumerate(results):
-            episodes.append(episode_from_result(result, f"{group_id}/s{k:02d}", group_id, parts.engine.weight_version))
-    return episodes
+    return [
+        [episode_from_result(result, f"{group_id}/s{k:02d}", group_id, engine.weight_version)
+         for k, result in enumerate(group)]
+        for group_id, group in zip(group_ids, results)
+    ]

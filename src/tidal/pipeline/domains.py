@@ -36,10 +36,10 @@ from tidal.domains import (
 )
 from tidal.errors import CheckpointError
 from tidal.pipeline.warmstart import pad_batch
-from tidal.reward.scorer import Scorer
+from tidal.reward.protocol import ScoringWorker
 from tidal.tasks.mixer import TaskMixer
 from tidal.trainer.trainer import ReplayBatch
-from tidal.types import Episode, Outcome, Task, VerifierSpec
+from tidal.types import Episode, Group, Outcome, Task, VerifierSpec, flatten
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +60,13 @@ class DomainRuntime:
     """Per-domain training state of one run. `base_examples` are the supervised sequences of
     `replay.source: base` (the warm start's references, or the train tasks' references)."""
 
-    def __init__(self, cfg: TidalConfig, mixer: TaskMixer, base_examples: list[Example] | None = None) -> None:
+    def __init__(
+        self, cfg: TidalConfig, mixer: TaskMixer, base_examples: list[Example] | None = None,
+        auditor: Callable[[str], str] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.mixer = mixer
+        self.auditor = auditor  # task id -> "broken" | "hard": judges the curricula's suspects
         domains = cfg.tasks.domains
         self.normaliser = RewardNormaliser({name: d.normaliser for name, d in domains.items()})
         self.curricula = {
@@ -101,19 +105,20 @@ class DomainRuntime:
 
     # ------------------------------------------------------------------------------- rewards
 
-    def compose(self, scorer: Scorer, episodes: list[Episode], tasks_by_id: dict[str, Task]) -> None:
+    def compose(self, scorer: ScoringWorker, groups: list[Group]) -> None:
         """Score the extra sub-rewards of domains that declare `verifiers` and set `episode.reward`
         to their weighted sum (the task verifier's value under the name `task`). The sub-rewards
         are kept in `score.components` as `reward/<name>`. An extra verifier's infra error leaves
         the episode without a valid reward: it is marked so and dropped by the gate's rule."""
         jobs: list[tuple[int, str]] = []
-        items: list[tuple[Task, str]] = []
-        for index, episode in enumerate(episodes):
+        items: list[tuple[Task, str | bytes]] = []
+        episodes = flatten(groups)
+        tasks = [group.task for group in groups for _ in group.episodes]
+        for index, (episode, task) in enumerate(zip(episodes, tasks)):
             domain = self.domain(episode)
             verifiers = self.cfg.tasks.domains[domain].verifiers if domain in self.cfg.tasks.domains else []
             if not verifiers or episode.score is None or not has_valid_reward(episode):
                 continue
-            task = tasks_by_id[episode.task_id]
             for spec in verifiers:
                 if spec.name == "task":
                     continue
@@ -163,33 +168,32 @@ class DomainRuntime:
 
     # ------------------------------------------------------------------------------- curriculum
 
-    def observe(self, episodes: list[Episode], step: int, auditor: Any = None) -> list[tuple[str, str]]:
+    def observe(self, groups: list[Group], step: int) -> list[tuple[str, str]]:
         """Update the curricula with each group's task-verifier values and the zero-variance rate;
-        hand new suspects (never solved) to `auditor(task_id) -> "broken" | "hard"` when given.
-        Returns the (task id, verdict) pairs decided now; a broken task is excluded from sampling."""
-        groups: dict[str, list[Episode]] = defaultdict(list)
-        for episode in episodes:
-            groups[episode.group_id].append(episode)
+        hand new suspects (never solved) to the runtime's `auditor(task_id) -> "broken" | "hard"`
+        (no auditor: "hard"). Returns the (task id, verdict) pairs decided now; a broken task is
+        excluded from sampling."""
+        groups = [group for group in groups if group.episodes]
         # Groups the gate left nothing to train on (zero variance, or every sample dropped).
-        zero = sum(not any(e.keep for e in members) for members in groups.values())
+        zero = sum(not group.kept for group in groups)
         if groups:
             rate = zero / len(groups)
             self.zero_variance_rate = ZERO_VARIANCE_MOMENTUM * self.zero_variance_rate + (1 - ZERO_VARIANCE_MOMENTUM) * rate
         with self.lock:
-            return self._observe_groups(groups, step, auditor)
+            return self._observe_groups(groups, step)
 
-    def _observe_groups(self, groups: dict[str, list[Episode]], step: int, auditor: Any) -> list[tuple[str, str]]:
+    def _observe_groups(self, groups: list[Group], step: int) -> list[tuple[str, str]]:
         decided: list[tuple[str, str]] = []
-        for members in groups.values():
-            curriculum = self.curricula.get(self.domain(members[0]))
+        for group in groups:
+            curriculum = self.curricula.get(self.domain(group.episodes[0]))
             if curriculum is None:
                 continue
-            values = [float(e.score.value) for e in members if has_valid_reward(e)]  # type: ignore[union-attr]
+            values = [float(e.score.value) for e in group.episodes if has_valid_reward(e)]  # type: ignore[union-attr]
             if values:
-                curriculum.observe(members[0].task_id, values)
+                curriculum.observe(group.task.id, values)
         for domain, curriculum in self.curricula.items():
             for suspect in curriculum.suspects():
-                verdict = auditor(suspect.task_id) if auditor is not None else "hard"
+                verdict = self.auditor(suspect.task_id) if self.auditor is not None else "hard"
                 curriculum.clear_suspect(suspect.task_id, verdict)
                 self.suspects_audited[suspect.task_id] = verdict
                 decided.append((suspect.task_id, verdict))
@@ -199,21 +203,22 @@ class DomainRuntime:
                             suspect.task_id, domain, suspect.rollouts, verdict)
         return decided
 
-    def trim(self, episodes: list[Episode]) -> int:
+    def trim(self, groups: list[Group]) -> int:
         """Dynamic sampling: keep the first `tasks_per_step` groups that still have kept samples;
         the samples of later groups are dropped as `surplus`. Returns the number dropped."""
         if self.cfg.tasks.oversample <= 1:
             return 0
-        seen: list[str] = []
+        with_signal = 0
         dropped = 0
-        for episode in episodes:
-            if not episode.keep:
+        for group in groups:
+            kept = group.kept
+            if not kept:
                 continue
-            if episode.group_id not in seen:
-                seen.append(episode.group_id)
-            if seen.index(episode.group_id) >= self.cfg.tasks.tasks_per_step:
-                episode.keep, episode.drop_reason = False, "surplus"
-                dropped += 1
+            with_signal += 1
+            if with_signal > self.cfg.tasks.tasks_per_step:
+                for episode in kept:
+                    episode.keep, episode.drop_reason = False, "surplus"
+                dropped += len(kept)
         return dropped
 
     # ------------------------------------------------------------------------------- replay

@@ -1,56 +1,15 @@
-"""The main job, phase by phase: tasks -> warm start -> eval before -> RL -> eval after -> report.
-
-`run.json`'s sibling `state.json` records which phases are done, so `tidal train RUN_FOLDER`
-resumes a crashed or interrupted run where it stopped: finished phases are skipped, RL continues
-from its latest checkpoint, and everything already written (trajectories, checkpoints, eval
-records) is kept.
-"""
+"""The main job, `tidal quickstart`: the demo's config (configs/quickstart.yaml, or smoke.yaml for
+a seconds-long run) run as any training run (pipeline/run.py), and a summary of its result."""
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import dataclasses
-import logging
+import json
 import os
-import time
 from pathlib import Path
-from typing import Any
 
-import torch
-import transformers
-
-from tidal.audit.continuous import TaskWatch
-from tidal.audit.quarantine import load_quarantine
-from tidal.config import load_config, save_config
-from tidal.config.schema import TidalConfig
-from tidal.errors import CheckpointError, ConfigError
-from tidal.eval.heldout import compare, evaluate_policy, pass_rates
-from tidal.eval.report import write_report
-from tidal.models.io import (
-    count_parameters,
-    load_model,
-    resolve_device,
-    save_checkpoint,
-)
-from tidal.pipeline.async_loop import run_async_rl
-from tidal.pipeline.domains import DomainRuntime, make_suspect_auditor
-from tidal.pipeline.loop import LoopParts, resume_rl, run_rl
-from tidal.pipeline.scheduler import EVAL_PRIORITY
-from tidal.pipeline.warmstart import sft_examples, split_for_warm_start, warm_start
-from tidal.reward import known_verifiers
-from tidal.reward.scorer import Scorer
-from tidal.rollout.engine import EmbeddedEngine
-from tidal.storage.run import RunFolder, TrajectoryWriter
-from tidal.tasks import generate_tasks, load_tasks, write_tasks
-from tidal.tasks.mixer import TaskMixer
-from tidal.telemetry.progress import ProgressDisplay, rl_status
-from tidal.trainer.checkpoint import latest_checkpoint
-from tidal.trainer.merge import Merge
-from tidal.trainer.trainer import Trainer
-from tidal.types import Task
-
-logger = logging.getLogger(__name__)
+from tidal.config import load_config
+from tidal.errors import ConfigError
+from tidal.pipeline.run import Job, start_run
 
 
 def find_config(name: str) -> Path:
@@ -63,231 +22,25 @@ def find_config(name: str) -> Path:
     raise ConfigError([f"{name}.yaml not found in {', '.join(map(str, roots))}; pass --config"], source="configs")
 
 
-def build_tasks(cfg: TidalConfig) -> tuple[dict[str, list[Task]], list[Task]]:
-    """Train tasks per domain (the mixer's keys) and all eval tasks, from families and files.
-    Tasks in the quarantine list (`tasks.quarantine`) are left out of training."""
-    quarantined = set(load_quarantine(cfg.tasks.quarantine)) if cfg.tasks.quarantine else set()
-    train: dict[str, list[Task]] = {}
-    evaluation: list[Task] = []
-    verifiers = known_verifiers()
-    for name, domain in cfg.tasks.domains.items():
-        tasks: list[Task] = []
-        if domain.family:
-            args = (cfg.tasks.seed, domain.min_difficulty, domain.max_difficulty)
-            tasks += generate_tasks(domain.family, domain.n_train, "train", *args) if domain.n_train else []
-            tasks += generate_tasks(domain.family, domain.n_eval, "eval", *args) if domain.n_eval else []
-        if domain.sources:
-            tasks += load_tasks(domain.sources, known_verifiers=verifiers)
-        train[name] = [t for t in tasks if t.split == "train" and t.id not in quarantined]
-        evaluation += [t for t in tasks if t.split == "eval"]
-    return train, evaluation
-
-
-class Job:
-    """One run of the main job in one run folder."""
-
-    def __init__(self, cfg: TidalConfig, run: RunFolder) -> None:
-        self.cfg, self.run = cfg, run
-        self.state: dict[str, Any] = run.read_json("state.json") if (run.path / "state.json").exists() else {}
-        self.started = time.perf_counter()
-        # Quarantined eval tasks are still evaluated, and reported apart.
-        self.quarantined = frozenset(load_quarantine(cfg.tasks.quarantine)) if cfg.tasks.quarantine else frozenset()
-
-    def mark(self, phase: str, value: Any = True) -> None:
-        self.state[phase] = value
-        self.run.write_json("state.json", self.state)
-
-    def execute(self) -> Path:
-        cfg, run = self.cfg, self.run
-        transformers.utils.logging.disable_progress_bar()  # our own progress display is enough
-        torch.manual_seed(cfg.run.seed)
-        device = resolve_device(cfg.model.device)
-        train_by_domain, eval_tasks = build_tasks(cfg)
-        warm_tasks: list[Task] = []
-        if cfg.warm_start.enabled:
-            for name, tasks in train_by_domain.items():
-                share = cfg.tasks.domains[name].warm_start_share or cfg.warm_start.share
-                warm, rest = split_for_warm_start(tasks, share)
-                warm_tasks += warm
-                train_by_domain[name] = rest or tasks
-        if "tasks" not in self.state:
-            write_tasks([t for ts in train_by_domain.values() for t in ts], run.path / "tasks" / "train.jsonl")
-            write_tasks(eval_tasks, run.path / "tasks" / "eval.jsonl")
-            self.mark("tasks")
-        loaded = load_model(cfg.model, device)
-        model, tokenizer = loaded.model, loaded.tokenizer
-        scorer = Scorer(cfg.reward)
-        engine = EmbeddedEngine(model, tokenizer, device)
-
-        with ProgressDisplay(cfg.run.progress) as progress:
-            progress.log(f"run folder: {run.path}  model: {loaded.source} ({count_parameters(model) / 1e6:.2f}M params)")
-            warm_dir = run.checkpoints_dir / "warm-start"
-            if cfg.warm_start.enabled and "warm_start" not in self.state:
-                progress.phase("warm start", cfg.warm_start.steps)
-
-                def on_sft(step: int, m: dict[str, float]) -> None:
-                    progress.update("warm start", step, f"loss {m['loss']:.3f}")
-                    if step % 25 == 0 or step == cfg.warm_start.steps:
-                        run.append_metrics({"phase": "warm_start", "step": step, **m})
-
-                warm_start(model, tokenizer, warm_tasks, cfg.warm_start, device, cfg.run.seed, on_sft)
-                save_checkpoint(model, tokenizer, warm_dir)
-                self.mark("warm_start")
-            elif cfg.warm_start.enabled:
-                self._load_weights(model, warm_dir / "model" if (warm_dir / "model").exists() else warm_dir)
-
-            reference = copy.deepcopy(model).eval() if cfg.algorithm.kl_coef > 0 else None
-            # The weights RL starts from, merged back into what is evaluated and exported; a copy of
-            # the model, so only kept when merging.
-            merge = Merge(model, cfg.merge.weight) if cfg.merge.weight < 1 else None
-
-            def merged() -> contextlib.AbstractContextManager[Any]:
-                return merge.view(model) if merge is not None else contextlib.nullcontext()
-            before = self._evaluate("before", engine, scorer, eval_tasks, progress)
-
-            trainer = Trainer(
-                model, cfg.trainer, cfg.algorithm, device, total_steps=cfg.trainer.steps,
-                temperature=max(cfg.rollout.temperature, 1e-3), ref_model=reference,
-                max_tokens=cfg.rollout.max_new_tokens,
-            )
-            weights = {name: d.weight for name, d in cfg.tasks.domains.items()}
-            mixer = TaskMixer(train_by_domain, weights, cfg.run.seed)
-            watch = TaskWatch(cfg.audit.watch) if cfg.audit.watch.enabled else None
-            all_train = [t for ts in train_by_domain.values() for t in ts]
-            # Replay's base data: what the warm start taught, else the train tasks' references.
-            base = sft_examples(tokenizer, warm_tasks or all_train) if cfg.replay.source == "base" else None
-            domains = DomainRuntime(cfg, mixer, base)
-            auditor = make_suspect_auditor(cfg, {t.id: t for t in all_train}) if domains.curricula else None
-            parts = LoopParts(cfg, run, engine, trainer, scorer, mixer, tokenizer.pad_token_id, watch=watch,
-                              domains=domains, auditor=auditor)
-            before_rates = {d: r["pass_rate"] for d, r in pass_rates(before).items() if r["pass_rate"] is not None}
-            start = resume_rl(parts) if cfg.run.resume else 0
-            progress.phase("rl", cfg.trainer.steps, start)
-            rl_began = time.perf_counter()
-
-            def on_step(step: int, metrics: dict[str, Any]) -> None:
-                progress.update("rl", step, rl_status(metrics))
-                if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.trainer.steps:
-                    # Evaluation goes before training rollouts: the async loop's workers start no
-                    # new chunk while it runs (pipeline/scheduler.py).
-                    held = parts.scheduler.hold(EVAL_PRIORITY, f"held-out eval at step {step}") if parts.scheduler \
-                        else contextlib.nullcontext()
-                    with held, merged():
-                        records = self._evaluate(f"step-{step:06d}", engine, scorer, eval_tasks, progress, force=True)
-                    rates = pass_rates(records)
-                    if watch is not None:
-                        watch.set_heldout({d: r["pass_rate"] for d, r in rates.items()})
-                    heldout = {d: r["pass_rate"] for d, r in rates.items() if r["pass_rate"] is not None}
-                    alarms, changes = domains.heldout(step, heldout, before_rates)
-                    for alarm in alarms:
-                        progress.log(f"regression alarm: {alarm['domain']} held-out {alarm['now']:.2f} "
-                                     f"(before RL {alarm['before_rl']:.2f})")
-                        run.append_jsonl("alarms.jsonl", alarm)
-                    for change in changes:
-                        run.append_jsonl("domain_weights.jsonl", dataclasses.asdict(change))
-                    run.append_metrics({"phase": "eval", "step": step, **{f"eval/{d}": r["pass_rate"] for d, r in rates.items()},
-                                        "alarms": len(alarms)})
-
-            loop = run_async_rl if cfg.pipeline.mode == "async" else run_rl
-            loop(parts, start, on_step)
-            self.mark("rl", cfg.trainer.steps)
-            rl_seconds = time.perf_counter() - rl_began
-            with merged():
-                after = self._evaluate("after", engine, scorer, eval_tasks, progress, force=True)
-                policy = self._export_policy(model, tokenizer, merge)
-
-        summary = self._summary(loaded.source, count_parameters(model), before, after, rl_seconds)
-        summary["run"]["policy"] = str(policy)
-        summary["run"]["merge_weight"] = cfg.merge.weight
-        run.write_json("summary.json", summary)
-        report = write_report(run.report_path, summary, run.read_metrics())
-        self.mark("done")
-        return report
-
-    def _export_policy(self, model: torch.nn.Module, tokenizer: Any, merge: Merge | None) -> Path:
-        """The post-trained policy's folder: the last RL checkpoint's model, or, when merging, the
-        merged weights (which `model` holds now) saved as their own Hugging Face folder."""
-        if merge is not None and merge.active:
-            return save_checkpoint(model, tokenizer, self.run.checkpoints_dir / "policy")
-        latest = latest_checkpoint(self.run.checkpoints_dir / "rl")
-        return latest / "model" if latest is not None else self.run.checkpoints_dir / "warm-start"
-
-    def _load_weights(self, model: torch.nn.Module, folder: Path) -> None:
-        from safetensors.torch import load_file
-
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise CheckpointError(f"{folder}: no *.safetensors to resume the warm start from")
-        state: dict[str, torch.Tensor] = {}
-        for file in files:
-            state.update(load_file(str(file)))
-        model.load_state_dict(state, strict=False)
-
-    def _evaluate(
-        self, tag: str, engine: EmbeddedEngine, scorer: Scorer, tasks: list[Task], progress: ProgressDisplay,
-        force: bool = False,
-    ) -> list[dict[str, Any]]:
-        """Evaluate on the held-out tasks, or reuse the records of a finished earlier attempt."""
-        if f"eval_{tag}" in self.state and not force:
-            return TrajectoryWriter(self.run).read_eval(tag)
-        cfg = self.cfg
-        progress.phase(f"eval {tag}"[:12], len(tasks))
-        records = evaluate_policy(
-            engine, tasks, scorer.score_many,
-            samples_per_task=cfg.eval.samples_per_task, temperature=cfg.eval.temperature,
-            top_p=cfg.rollout.top_p, max_new_tokens=cfg.rollout.max_new_tokens, stop=list(cfg.rollout.stop),
-            seed=cfg.run.seed + 7_777, batch_prompts=cfg.rollout.batch_prompts,
-            on_progress=lambda done, total: progress.update(f"eval {tag}"[:12], done),
-            quarantined=self.quarantined, agent_backend=cfg.reward.sandbox.backend,
-            agent_concurrency=cfg.rollout.agent_concurrency, agent_max_tokens=cfg.rollout.agent_max_tokens,
-        )
-        TrajectoryWriter(self.run).write_eval(tag, records)
-        self.mark(f"eval_{tag}")
-        rates = pass_rates(records)
-        progress.log(f"eval {tag}: " + "  ".join(f"{d} {r['pass_rate']:.2f}" for d, r in rates.items() if r["pass_rate"] is not None))
-        return records
-
-    def _summary(
-        self, source: str, params: int, before: list[dict[str, Any]], after: list[dict[str, Any]], rl_seconds: float
-    ) -> dict[str, Any]:
-        cfg = self.cfg
-        comparison = compare(before, after)
-        return {
-            "run": {
-                "name": self.run.name,
-                "model": source,
-                "parameters": params,
-                "steps": cfg.trainer.steps,
-                "algorithm": cfg.algorithm.advantage,
-                "eval_samples_per_task": cfg.eval.samples_per_task,
-                "eval_temperature": cfg.eval.temperature,
-                "duration_s": round(time.perf_counter() - self.started, 1),
-                "rl_seconds": round(rl_seconds, 1),
-            },
-            "before": pass_rates(before),
-            "after": pass_rates(after),
-            **comparison,
-        }
-
-
-def start_run(cfg: TidalConfig, parent: Path, name: str | None) -> RunFolder:
-    run = RunFolder.create(parent, name or cfg.run.name)
-    save_config(cfg, run.config_path)
-    return run
+def summary_lines(summary_path: Path) -> list[str]:
+    """The result in a line per domain and overall: held-out pass rate before -> after RL, with
+    the paired difference and its 95% CI."""
+    summary = json.loads(summary_path.read_text())
+    rows = [*sorted(summary.get("domains", {}).items()), ("overall", summary.get("overall", {}))]
+    lines = []
+    for name, entry in rows:
+        if entry.get("diff") is None:
+            continue
+        lines.append(f"{name}: held-out {entry['before']:.3f} -> {entry['after']:.3f}, "
+                     f"{entry['diff']:+.3f} [{entry['ci_low']:+.3f}, {entry['ci_high']:+.3f}] over {entry['n']} tasks")
+    return lines
 
 
 def run_quickstart(config: Path | None, overrides: list[str], out: Path, name: str | None, smoke: bool = False) -> Path:
-    path = config or find_config("smoke" if smoke else "quickstart")
-    cfg = load_config(path, overrides)
-    return Job(cfg, start_run(cfg, out, name)).execute()
-
-
-def run_training(target: Path, overrides: list[str]) -> Path:
-    """A config file starts a new run; a run folder resumes (with its saved config + overrides)."""
-    if target.is_dir():
-        run = RunFolder.open(target)
-        cfg = load_config(run.config_path, overrides)
-        save_config(cfg, run.config_path)
-        return Job(cfg, run).execute()
-    cfg = load_config(target, overrides)
-    return Job(cfg, start_run(cfg, Path(cfg.run.dir), cfg.run.name)).execute()
+    """Run the demo in a new run folder under `out`; returns its report.html."""
+    cfg = load_config(config or find_config("smoke" if smoke else "quickstart"), overrides)
+    job = Job(cfg, start_run(cfg, out, name))
+    report = job.execute()
+    for line in summary_lines(job.run.summary_path):
+        print(line)
+    return report

@@ -27,10 +27,11 @@ from tidal.errors import (  # noqa: F401 (re-exported)
     UnknownNameError,
     WorkerLostError,
 )
-from tidal.types import Episode, Score, Task
+from tidal.reward.protocol import ScoringWorker
+from tidal.types import Group, Task
 
 if TYPE_CHECKING:  # torch and transformers: a process that only scores (a Ray scorer actor) never loads them
-    from tidal.pipeline.loop import LoopParts
+    from tidal.pipeline.stages import LoopParts
     from tidal.pipeline.weights import Publication
     from tidal.rollout.engine import Cancel
 
@@ -39,8 +40,8 @@ class RolloutWorker(Protocol):
     def sample(
         self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None,
         cancel: Cancel | None = None,
-    ) -> list[Episode]:
-        """Batch `step`'s episodes for `tasks` (as `loop.sample_episodes` makes them; `indices`:
+    ) -> list[Group]:
+        """Batch `step`'s groups for `tasks` (as `stages.Sampler.sample` makes them; `indices`:
         the tasks' positions in the batch when they are one chunk of it), generated with
         `publication`'s weights, loaded and verified first if the worker holds another version.
         Once `cancel` is set (the scheduler preempts the chunk), generation stops at its next
@@ -50,12 +51,6 @@ class RolloutWorker(Protocol):
     def check(self) -> None:
         """A health check: returns if the worker answers (within `pipeline.health_timeout_s`) and
         its model still computes the canary logprobs of the weights it holds; raises otherwise."""
-        ...
-
-
-class ScoringWorker(Protocol):
-    def score_many(self, items: list[tuple[Task, str | bytes]]) -> list[Score]:
-        """The scores of `items`, in their order (as `Scorer.score_many`)."""
         ...
 
 

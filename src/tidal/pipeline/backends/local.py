@@ -16,18 +16,17 @@ Scoring uses the run's `Scorer` (its sandbox pool scores a batch's answers in pa
 from __future__ import annotations
 
 import copy
-import dataclasses
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from tidal.pipeline.backends import Workers, split_by_task
-from tidal.pipeline.loop import LoopParts, sample_episodes
+from tidal.pipeline.stages import LoopParts, Sampler
 from tidal.pipeline.weights import UNLOADED, Publication, check_canary, load_verified
 from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import Cancel, EmbeddedEngine
-from tidal.types import Episode, Score, Task
+from tidal.types import Group, Score, Task
 
 
 def cpu_thread_split(total: int, workers: int, rollout_threads: int | None, trainer_threads: int | None) -> tuple[int, int]:
@@ -50,6 +49,8 @@ def cpu_thread_split(total: int, workers: int, rollout_threads: int | None, trai
 
 def rollout_engine(parts: LoopParts) -> EmbeddedEngine:
     """A second engine on a frozen copy of the trainer's model, holding no verified version yet."""
+    if not isinstance(parts.engine, EmbeddedEngine):
+        raise TypeError(f"the local backend copies an EmbeddedEngine's model; got {type(parts.engine).__name__}")
     model = copy.deepcopy(parts.engine.model).eval().requires_grad_(False)
     engine = EmbeddedEngine(model, parts.engine.tokenizer, parts.engine.device, parts.engine.max_batch_rows)
     engine.weight_version = UNLOADED
@@ -62,7 +63,7 @@ class LocalRollout:
 
     def __init__(self, parts: LoopParts, index: int = 0, threads: int | None = None) -> None:
         self.index = index  # its slot among the run's rollout workers
-        self.parts = dataclasses.replace(parts, engine=rollout_engine(parts))
+        self.sampler = Sampler(parts.config, parts.run.name, rollout_engine(parts))
         self.tolerance = parts.config.pipeline.canary_tolerance
         self.loaded: Publication | None = None  # the header of the publication the engine holds
         self.threads = threads  # torch CPU threads of the thread it samples on; None: leave them
@@ -71,20 +72,21 @@ class LocalRollout:
     def sample(
         self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None,
         cancel: Cancel | None = None,
-    ) -> list[Episode]:
+    ) -> list[Group]:
         if self.threads is not None and getattr(self._thread, "threads", None) != self.threads:
             # Set on each thread it samples on, once: this thread's OpenMP and MKL counts (a thread's
             # own reading of torch's count can agree while MKL, never told, still uses another).
             torch.set_num_threads(self.threads)
             self._thread.threads = self.threads
-        if self.parts.engine.weight_version != publication.version:
-            load_verified(self.parts.engine, publication, self.tolerance)
+        engine = self.sampler.engine
+        if engine.weight_version != publication.version:
+            load_verified(engine, publication, self.tolerance)
             self.loaded = publication.header()
-        return sample_episodes(self.parts, tasks, step, indices, cancel)
+        return self.sampler.sample(tasks, step, indices, cancel)
 
     def check(self) -> None:
-        if self.loaded is not None and self.parts.engine.weight_version == self.loaded.version:
-            check_canary(self.parts.engine, self.loaded, self.tolerance)
+        if self.loaded is not None and self.sampler.engine.weight_version == self.loaded.version:
+            check_canary(self.sampler.engine, self.loaded, self.tolerance)
 
 
 class ScorerPool:
