@@ -1,23 +1,17 @@
 """The acceptance run after an episode: the task's hidden tests in the workspace the agent left.
 
-The tests never enter the workspace while the agent works. After its last step (no process of
-the agent is alive then: every session command ends with its whole process tree) the tests are
-written into the episode's own session (`SandboxSession.put_files`), over whatever the agent left
-on their paths (a planted test file, a link, a folder), with the `__pycache__` folders next to
-them deleted (pytest would read a planted cached module); then they run there, as one more
-session command, with the `python_tests` verifier's machinery:
+The tests never enter the workspace while the agent works. After its last step (no process of the
+agent is alive then) they are written into the episode's own session (`SandboxSession.put_files`)
+over whatever the agent left on their paths, with the `__pycache__` folders next to them deleted,
+and run there as one more session command with the `python_tests` verifier's machinery: verdicts
+over the private report channel with a per-run nonce, test files hashed when written and checked
+after, a plugin loaded from a file the agent wrote (a new `conftest.py`) making the run `tampered`.
+Every folder and file first gets its owner's read and write bits, so an agent cannot turn its
+failure into an infra error by making the workspace unreadable.
 
-- verdicts come over the private report channel, tagged with a per-run nonce: a socket whose fd
-  only this command gets, not a file, so nothing the agent left can write it;
-- the test files are hashed when written and checked when the run is over, and a pytest plugin
-  loaded from a file the agent wrote (a new `conftest.py`) makes the run `tampered`;
-- every folder and file gets its owner's read and write bits first (bits are only added), so an
-  agent cannot turn its failure into an infra error by making the workspace unreadable.
-
-So the tests see exactly what the agent left: links, modes, empty folders included. A task whose
-tests hold pytest modules is judged by them; one with only `test.sh` (terminal-task layout, at
-`tests/test.sh` or `test.sh`) passes when the script exits 0, which trusts the script's exit
-status the way Terminal-Bench does.
+So the tests see exactly what the agent left: links, modes, empty folders included. A task with
+only `test.sh` (at `tests/test.sh` or `test.sh`) passes when the script exits 0, trusting its exit
+status as Terminal-Bench does. docs/design/agent.md, "Acceptance", has the details.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
 """`EndpointPolicy`: any OpenAI-compatible chat-completions endpoint, over plain HTTP (urllib).
 
-The spec is `openai:<model>@<base_url>`, e.g. `openai:gpt-4o-mini@https://api.openai.com/v1` or
-`openai:tiny@http://127.0.0.1:8000/v1` for `tidal serve`. The key is read from the environment
-variable `api_key_env` (OPENAI_API_KEY by default) and sent as a bearer token when it is set.
-
-Tools go in the request's `tools` field; the reply's `tool_calls` are taken as the calls (their
-`arguments` string parsed strictly, a broken one is a `parse_error`). A reply without
-`tool_calls` is parsed with the local text format, so a server that passes raw text through is
-scored the same way a local model is.
+The spec is `openai:<model>@<base_url>`, e.g. `openai:tiny@http://127.0.0.1:8000/v1` for
+`tidal serve`; the key comes from the environment variable `api_key_env` (OPENAI_API_KEY by
+default), sent as a bearer token when set. Tools go in the request's `tools` field and the reply's
+`tool_calls` are the calls (`arguments` parsed strictly); a reply without `tool_calls` is parsed
+with the local text format, so a raw-text server is scored as a local model is.
 
 Failures are typed (tidal.errors): 401/403 `EndpointAuthError` and 404 `EndpointConfigError` end
-the evaluation (nothing later would work); an unreachable host, a timeout, 429 or 5xx is
-`EndpointUnavailableError` after `request_retries` quick retries (the harness then retries the
-whole episode with backoff and reports it as an infra error); 400/413/422 is
-`EndpointRequestError` (the model's conversation was refused, e.g. over its context window), an
-agent error. A 200 whose body is not a chat completion is `EndpointUnavailableError`: the server
-is broken, not the model.
+the evaluation; an unreachable host, a timeout, 429 or 5xx, and a 200 whose body is not a chat
+completion (the server is broken, not the model) are `EndpointUnavailableError` after
+`request_retries` quick retries (the harness retries the episode, then reports an infra error);
+400/413/422 is `EndpointRequestError`, the conversation refused (e.g. over its context window): an
+agent error. docs/design/agent.md, "Endpoints".
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
 """`LocalPolicy`: a local checkpoint (or the tiny model) through the EmbeddedEngine, token-in/token-out.
 
-The episode is one running list of token ids. The opening prompt is `render.render_messages` of
-the episode's messages and tools (the rendering `tidal serve` uses for the same conversation).
-Each turn generates from the whole list and appends exactly the sampled tokens (mask 1, with their
-sampler logprobs); the messages answering the turn (`render.answer_messages`: tool results, or the
-error of an invalid turn) are appended as an observation segment (mask 0) tokenised on its own.
-Earlier turns are never re-tokenised, so the tokens a trainer sees are the tokens the model
-produced, byte for byte, and `Completion.prompt_ids` of every turn is a prefix of the final list.
+The episode is one running list of token ids, opened with `render.render_messages` of its messages
+and tools (the rendering `tidal serve` uses). Each turn generates from the whole list and appends
+exactly the sampled tokens (mask 1, sampler logprobs); the messages answering it
+(`render.answer_messages`) are appended as an observation segment (mask 0) tokenised on its own:
+what the chat template writes between an assistant turn and the next generation prompt, found by
+rendering a sentinel conversation with and without them. Earlier turns are never re-tokenised, so
+the trainer sees the model's tokens byte for byte; a template that rewrites earlier turns cannot
+be used this way, and `LocalPolicy` says so when it starts.
 
-Turns go to the engine through a `Batcher` (tidal.rollout.batcher): the turns of concurrent
-episodes (`tidal eval --concurrency C`) that wait while the engine is busy share its next call,
-up to `max_batch` rows. A greedy turn (temperature 0) reads no random numbers, so it is sent
-without a seed and batches freely, with the same tokens as alone. A sampled turn with a seed runs
-alone, because the engine draws a whole call from one random stream and sharing it would make an
-episode's tokens depend on its neighbours; a policy with `seed=None` batches sampled turns too.
-
-The observation segment is what the chat template writes after an assistant turn and before the
-next generation prompt: found by rendering a conversation with a sentinel assistant message with
-and without the answering messages, and keeping the difference. A template for which that
-difference is not a pure suffix (one that rewrites earlier turns) cannot be used
-token-in/token-out, and `LocalPolicy` says so when it starts.
+Turns reach the engine through a `Batcher` (tidal.rollout.batcher), so concurrent episodes' turns
+share engine calls. A greedy turn carries no seed and batches freely; a sampled turn with a seed
+runs alone, because the engine draws a whole call from one random stream and sharing it would tie
+an episode's tokens to its neighbours. docs/design/agent.md, "Policies", has the details.
 """
 
 from __future__ import annotations

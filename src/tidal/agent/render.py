@@ -1,27 +1,18 @@
 """One rendering of a tool-calling conversation, for the episode runner and for `tidal serve`.
 
-An episode reaches a local model by two roads: in process (`LocalPolicy`, token-in/token-out) and
-through the OpenAI-compatible server (`EndpointPolicy` -> `tidal serve`). Both build the prompt
-with these functions, so the same conversation is the same text either way, and with greedy
-decoding the same episode (tests/integration/test_serve_eval_equivalence.py):
+An episode reaches a local model in process (`LocalPolicy`) or through the OpenAI-compatible
+server (`EndpointPolicy` -> `tidal serve`). Both build the prompt with these functions, so the
+same conversation is the same text either way (tests/integration/test_serve_eval_equivalence.py):
 
-- `tools_instructions`: the tools' declarations, one compact JSON object per line (keys sorted,
-  so a declaration reads the same whatever key order a client sent) inside `<tools></tools>`, and
-  the call format; appended to the first system message (or a new one) by `render_messages`;
-- `render_messages`: OpenAI chat messages -> `{"role", "content"}` dicts for the chat template.
-  An assistant's `tool_calls` become its content followed by each call in the canonical form
-  (`format_tool_call`, the form the instructions show); a `tool` message stays a `tool` message,
-  which the model's own template renders (ChatML as a tool turn, Qwen2.5's as a user turn holding
-  `<tool_response>`), exactly as the in-process runner passes tool results;
-- `answer_messages`: what answers a turn. Results go back as one `tool` message per call when the
-  turn's calls are well formed and name offered tools (`calls_offered`), which is exactly when a
-  server returns them as `tool_calls`; otherwise (no call, a malformed call, an unknown tool) the
-  error goes back as a user message, because a `tool` message must answer a call.
+- `tools_instructions`: the tools' declarations, compact JSON with sorted keys inside
+  `<tools></tools>`, and the call format, appended to the first system message;
+- `render_messages`: OpenAI chat messages -> chat-template input; an assistant's `tool_calls`
+  re-rendered in the canonical call form, `tool` messages left to the model's own template;
+- `answer_messages`: one `tool` message per call when the turn's calls are well formed and name
+  offered tools (exactly when a server returns `tool_calls`), else the error as a user message.
 
-What keeps the two roads apart is outside the text: a server re-tokenises the whole conversation,
-so it matches token-in/token-out only where the model's tokens survive decode + encode (the tiny
-byte-level tokenizer: valid UTF-8 and no special tokens), and a call is re-rendered from its parsed
-JSON, so it matches only when the model wrote it in the canonical form.
+The roads still differ outside the text: a server re-tokenises the conversation and re-renders
+calls from their parsed JSON (docs/design/serve.md, "Tool calls").
 """
 
 from __future__ import annotations

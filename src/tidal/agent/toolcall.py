@@ -4,21 +4,14 @@ A tool call is one JSON object between two tags, on the model's own turn:
 
     <tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>
 
-This is the Hermes/Qwen convention, which common chat templates (Qwen2.5, Hermes, the built-in
-ChatML) already carry, so a checkpoint trained on it needs nothing else. `tidal serve` turns the
-same text into OpenAI `tool_calls` with this parser, so a model behaves the same in-process and
-behind the server.
-
-Model output is hostile input. The parser never raises on it: it returns `ParsedTurn` with a
-`CallValidity` that says what was wrong (`parse_error` for broken tags or JSON, `no_call` when
-there is no tag at all). Checking the name and arguments against the tool registry is the
-runner's job (`unknown_tool`, `invalid_arguments`), since the parser does not know the tools.
-
-Strict means: tags exactly as above, never nested, every opened tag closed; the body is a JSON
-object with exactly the keys `name` (a non-empty string) and `arguments` (an object); only
-whitespace may follow the last call. Text before the first call is the model's reasoning and is
-kept. Bodies over `MAX_CALL_CHARS` are refused before `json.loads` sees them, and nesting deeper
-than `MAX_DEPTH` is a parse error, not a RecursionError.
+This is the Hermes/Qwen convention that common chat templates already carry; `tidal serve` turns
+the same text into OpenAI `tool_calls` with this parser, so a model behaves the same in process and
+behind the server. Model output is hostile input: the parser never raises on it, it returns a
+`ParsedTurn` whose `CallValidity` says what was wrong (`parse_error`, `no_call`); checking names
+and arguments against the tools is the runner's job. Strict means: exact tags, never nested, every
+tag closed; a body of exactly `name` (non-empty string) and `arguments` (object); only whitespace
+after the last call; text before the first call kept as reasoning; bodies over `MAX_CALL_CHARS`
+refused before `json.loads`, nesting deeper than `MAX_DEPTH` a parse error, not a RecursionError.
 """
 
 from __future__ import annotations

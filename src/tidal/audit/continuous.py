@@ -1,19 +1,17 @@
 """Continuous audit during RL: `TaskWatch` reads each step's gated episodes per task and
 quarantines a task on the fly when its signals cross a threshold (config `audit.watch`):
 
-- **tamper rate**: the share of the task's samples the gate dropped as `tampered` reaches
-  `max_tamper_rate` (after `min_samples` samples): the policy found a way at the harness;
-- **short all-pass groups**: groups in which every sample `passed` and every answer is very short
-  (at most `short_answer_chars` stripped characters and under half the reference answer's
-  length) reach `max_short_pass_groups`: a trivial answer is being rewarded. Tasks whose right
-  answer is itself short (math, knowledge) never count here, by the reference-length condition;
-- **reward vs held-out gap**: the task's mean train reward minus its domain's latest held-out
-  pass rate (given with `set_heldout` after each evaluation) exceeds `max_heldout_gap` (after
-  `min_samples` samples): reward that does not transfer, as from a hack or a leaked answer.
+- **tamper rate**: the share of its samples the gate dropped as `tampered` reaches
+  `max_tamper_rate`: the policy found a way at the harness;
+- **short all-pass groups**: groups in which every sample passed with a very short answer (at
+  most `short_answer_chars` and under half the reference answer's length, so tasks whose right
+  answer is short never count) reach `max_short_pass_groups`: a trivial answer is rewarded;
+- **reward vs held-out gap**: mean train reward minus the domain's latest held-out pass rate
+  (`set_heldout`) exceeds `max_heldout_gap`: reward that does not transfer.
 
-A quarantined task stays quarantined for the rest of the run; the loop tells the mixer to skip it
-(the mixer's state keeps the list, so a resumed run skips it too). `metrics()` gives the counts
-for the run's metrics, and every decision is logged with its numbers.
+The rate and gap signals wait for `min_samples` samples. A quarantined task stays quarantined for
+the run; the mixer skips it (its state keeps the list, so a resume does too). `metrics()` gives
+the counts; every decision is logged with its numbers (docs/design/audit.md, "Continuous mode").
 """
 
 from __future__ import annotations

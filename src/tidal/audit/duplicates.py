@@ -3,21 +3,16 @@
 Each task gets three keys, compared with every task audited before it (streaming: only the keys
 are kept, a few hundred bytes per task):
 
-- **exact**: the normalised prompt (NFKC, case folded, whitespace collapsed) plus the verifier's
-  expected answer; equal keys are the same task;
-- **near**: a MinHash signature (`PERMUTATIONS` hashes of the prompt's word 3-gram shingles, each
-  shingle hashed with blake2b, permuted by multiply-shift hashing in numpy) indexed by LSH in
-  `BANDS` bands, so candidates are found without comparing every pair. A candidate whose estimated
-  Jaccard similarity is at least `near_duplicate` *and* whose solution key is the same is a
-  near-duplicate: a rephrasing of the same problem. Templated families produce many prompts that
-  differ in one number; those have different solutions and are not duplicates;
-- **code**: for code tasks, the reference's AST with every identifier renamed by first use
-  (`v0`, `v1`, ...) and constants kept; the same canonical code under a different prompt is
-  the same problem in other words.
+- **exact**: the normalised prompt (NFKC, case folded, whitespace collapsed) plus the expected answer;
+- **near**: a MinHash signature of the prompt's word 3-gram shingles (`PERMUTATIONS` hashes),
+  indexed by LSH in `BANDS` bands so that candidates are found without comparing every pair; a
+  candidate is a near-duplicate when its estimated Jaccard similarity is at least
+  `near_duplicate` *and* its solution key is the same (templated prompts that differ in one number
+  have different solutions and are not duplicates);
+- **code**: the reference's AST with identifiers renamed by first use, constants kept.
 
-The later task of a pair gets the finding, naming the earlier one. Across splits (one train, one
-eval) an exact duplicate is `quarantine` (eval content in training), a near or code duplicate
-`warn`; within a split an exact duplicate is `warn` and a near or code duplicate `info`.
+The later task of a pair gets the finding, naming the earlier one; severities by split are in
+docs/design/audit.md, "The checks". `checks.check_duplicates` calls the index (`ctx.duplicates`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """Check 8, `leakage`: what the model must not see, present in what it sees.
 
-Hidden: the reference, the test files, the expected answer (exact_match/math `answer` and
-`aliases`), the I/O cases' expected outputs. Visible: the prompt (every message) and the starting
-workspace (`files`). Text is compared after normalisation (NFKC, case folded, whitespace
-collapsed).
+Hidden: the reference, the test files, the expected answer (`answer` and `aliases`), the I/O
+cases' expected outputs. Visible: the prompt (every message) and the starting workspace (`files`).
+Text is compared after normalisation (NFKC, case folded, whitespace collapsed).
 
-- the normalised reference (at least `leak_min_chars` long) inside the visible text, or a test
-  assertion line (at least `leak_min_chars` long) inside it: `quarantine`;
-- a code reference whose tokens (words, numbers and punctuation, counted with multiplicity) are
-  at least `leak_token_overlap` present in the visible text: `warn`;
-- for text answers: the answer stated as such in the prompt ("answer: X", "the answer is X") or an
-  answer at least `leak_min_chars` long appearing verbatim: `quarantine`; a shorter answer that
-  appears as a whole word is `info`, since for many tasks (the largest of a list, a letter of a
-  word) the answer is rightly a part of the question;
-- every I/O case's expected output in the prompt (the program can print them without solving
+- the reference or a test assertion line (at least `leak_min_chars` long) verbatim: `quarantine`;
+- at least `leak_token_overlap` of a code reference's tokens (with multiplicity): `warn`;
+- a text answer stated as such ("the answer is X") or at least `leak_min_chars` long verbatim:
+  `quarantine`; a shorter answer as a whole word is `info`, since for many tasks (the largest of
+  a list, a letter of a word) the answer is rightly a part of the question;
+- every I/O case's expected output in the prompt (a program could print them without solving
   anything; a few worked examples are fine): `warn`.
 """
 

@@ -1,20 +1,17 @@
 """Checks 2, 3 and 7: the reference passes, every time (`reference`); a task without one is
 unverified (`no_reference`); the reference fits the task's limits with a margin (`limits`).
 
-**Variation.** The reference is scored `reference_runs` times (k), all at once from a thread pool
-(so the runs load the machine together, as a busy scoring pool does), each with a different
-PYTHONHASHSEED (run i gets seed i; bwrap's `hash_seed`) and a different test order: run 0 keeps
-the tests as written, run 1 reverses the order of the top-level tests in every test module, run
-i >= 2 shuffles it with seed i. pytest runs a module's tests in definition order, so reordering
-their source text reorders their execution: tests that pass only after another test has set
-module state, or that depend on set/dict iteration order of strings, fail some runs. With several
-test modules, their order is reversed or shuffled the same way (python_tests' `test_order`). For `program_io` the cases are reversed or
-shuffled instead. Text verifiers (exact_match, math, regex) are pure functions and run once.
+**Variation.** The reference is scored `reference_runs` (k) times at once from a thread pool (so
+the runs load the machine together, as a busy scoring pool does), run i with PYTHONHASHSEED i and
+a different test order: run 0 as written, run 1 reversed, run i >= 2 shuffled with seed i, both
+the top-level tests of every module (pytest runs them in definition order) and the modules
+(python_tests' `test_order`). Tests that pass only after another set module state, or depend on
+set/dict iteration order, fail some runs. `program_io` reorders its cases; text verifiers are
+pure and run once.
 
-**Verdicts.** Every run fails: `quarantine`, classified from the verifier's evidence as a missing
-module or package, a network need, a timeout, a memory limit, a crash, a task error (the
-verifier refused the task) or, otherwise, a wrong expectation. Some runs fail: `quarantine`
-(flaky), with each run's seed, order and outcome as evidence.
+**Verdicts.** Every run fails: `quarantine`, classified from the verifier's evidence (missing
+module, network, timeout, memory, crash, task error, else a wrong expectation). Some runs fail:
+`quarantine` (flaky), with each run's seed, order and outcome as evidence.
 """
 
 from __future__ import annotations

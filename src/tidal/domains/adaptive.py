@@ -1,21 +1,18 @@
 """Adaptive domain weights: move the sampling share towards domains whose held-out pass rate is moving.
 
-This is optional and off by default. After each held-out evaluation, the caller passes every
-domain's pass rate to `update`. A domain's learning progress is the absolute least-squares slope
-of its last `window` pass rates, measured per evaluation. A regressing domain's progress is
-multiplied by `regression_boost`, so that it gets more samples and can recover. The new shares
-are
+Optional and off by default. After each held-out evaluation the caller passes every domain's pass
+rate to `update`. A domain's learning progress is the absolute least-squares slope of its last
+`window` pass rates, multiplied by `regression_boost` when it regresses, so that it gets more
+samples and can recover. The new shares are
 
     target_d = base_d * exp(eta * progress_d) / sum of the same over domains
     weight_d = clip(c * target_d, min_weight, max_weight), with c chosen so that the weights sum to 1
 
-This resembles the learning-progress curricula of teacher-student RL (Matiisen et al., 2017). It
-differs in two ways. The weights are recomputed from the base weights at every update, not
-compounded, so they cannot drift away from the config. The bounds are enforced exactly with
-water-filling, not by clipping and then renormalising, which would break them again.
-
-A domain whose base weight is 0 is never sampled. It stays at 0 and does not count towards the
-bounds. Every change of weight is returned as a `WeightChange` and logged at INFO level.
+Unlike the learning-progress curricula it resembles (Matiisen et al., 2017), the weights are
+recomputed from the base weights at every update, not compounded, so they cannot drift away from
+the config, and the bounds are enforced exactly by water-filling, not by clipping and
+renormalising. A domain of base weight 0 stays at 0 and does not count towards the bounds. Every
+change is returned as a `WeightChange` and logged (docs/design/domains.md, "Adaptive weights").
 """
 
 from __future__ import annotations

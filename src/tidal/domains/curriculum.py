@@ -1,42 +1,18 @@
 """A difficulty curriculum: which train tasks are worth sampling at this point of the run.
 
-Each task's pass rate has a Beta posterior, Beta(alpha + successes, beta + failures), updated live
-from every scored group (`observe`). A rollout is a *success* when its reward reaches
-`success_threshold` (default 1.0); partial credit below it counts as a failure. Counting outcomes
-rather than adding fractional reward mass keeps "never solved" and "always solved" exact, which
-the suspect and retirement rules need; a domain with graded rewards lowers the threshold.
+Each task's pass rate has a Beta posterior, updated live from every scored group (`observe`); a
+rollout is a success when its reward reaches `success_threshold`. Counting outcomes rather than
+adding fractional reward keeps "never solved" and "always solved" exact, which the suspect and
+retirement rules need. A task is admitted when its posterior mean lies in the target band, which
+moves linearly from `band_start` to `band_end` over `schedule_steps` (easier tasks first). Apart
+from the band: unknown tasks are admitted until measured; a task never solved in `suspect_after`
+rollouts is a suspect (maybe broken) for the auditor until `clear_suspect` records "broken"
+(excluded) or "hard" (retried with `hard_retry_prob` while outside the band); an always-solved
+task retires. `set_prior` turns an external difficulty estimate into the prior.
 
-A task is *admitted* when its posterior mean lies in the target band [low(step), high(step)],
-which moves linearly from `band_start` to `band_end` over `schedule_steps` (easier tasks first,
-harder later). The mean, not a quantile, is compared: `min_observations` already keeps a task in
-exploration until its estimate means something, and a quantile would make the band depend on how
-often a task happened to be drawn. Apart from the band:
-
-- a task with fewer than `min_observations` rollouts is always admitted, so unknown tasks get
-  measured; so is a task never solved in fewer than `suspect_after` rollouts, since otherwise it
-  would drop below the band first and a broken task would never reach the auditor (lower
-  `suspect_after` to spend fewer rollouts on tasks nobody solves);
-- a task with at least `suspect_after` rollouts and no success is a *suspect*: not "too hard" yet,
-  maybe broken. It is not admitted; `suspects()` lists it for the environment-quality auditor
-  (tidal.audit) and it stays a suspect, even if a late success arrives from groups already in
-  flight, until the caller records the verdict with `clear_suspect`: "broken" excludes it for
-  good; "hard" returns it to the band rule and, while outside the band, admits it on a draw with
-  probability `hard_retry_prob`, so the task keeps being measured and re-enters the band on its own
-  once the policy starts solving it;
-- a task with at least `retire_after` rollouts that all succeeded, or (after `min_observations`
-  rollouts) a posterior mean of at least `retire_above`, is *retired*: never admitted again.
-  An always-solved task can rise above the band before `retire_after` rollouts; it is then
-  simply not admitted, and never retires unless the band comes back to it.
-
-An external difficulty estimate becomes the prior with `set_prior(task_id, pass_rate, strength)`:
-`strength` pseudo-rollouts at that pass rate on top of the config prior (the audit's `difficulty`
-check stores `difficulty_estimate` = 1 - pass@1 over `policy_samples` answers per task).
-
-The mixer uses `admits` as a filter while walking its permutation. When a whole pass over a
-domain admits nothing, it should take the task with the smallest finite `distance_to_band` (0
-inside the band) rather than loop or starve; an infinite distance (broken, retired, suspect) means
-never, not even as a fallback. The only randomness, the hard-task retry, is a hash of
-(seed, task id, draw counter), so the state is the counter and the whole state is plain JSON.
+The mixer uses `admits` as a filter and, when a whole pass admits nothing, takes the task with the
+smallest finite `distance_to_band`. The only randomness is a hash of (seed, task id, draw
+counter), so the whole state is plain JSON. docs/design/domains.md, "The curriculum", has the rules.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Paired comparison of two evaluations on the same tasks: the statistics behind `tidal compare`.
 
 Two models run on the same tasks are paired data: a task that is easy for one is usually easy for
-the other, so comparing per-task differences is far more sensitive than comparing two pass rates
-as if they were independent. For each task the per-epoch outcomes are averaged into a score in
-[0, 1] (1 epoch: pass = 1, fail = 0). Then:
-
-- the mean difference (B - A) with a **paired bootstrap** interval (tasks resampled with
-  replacement, fixed seed, percentile interval);
-- **McNemar's test** on the tasks' binary outcomes (score >= 0.5 counts as solved): only the
-  discordant tasks carry information; exact two-sided binomial when fewer than 25 disagree, the
-  continuity-corrected chi-square otherwise;
-- the **minimum detectable difference** for this many tasks and the observed discordance: the
-  smallest true difference a test at `alpha` would find with `power`; a non-significant result
-  with a large MDD says "too few tasks", not "no difference";
-- **Holm's** step-down correction of the per-domain p-values (several domains, several tests);
-- the **flip table**: the tasks that changed outcome, in each direction;
-- a **cluster-robust** standard error of a mean when tasks share a group (variants of one problem
-  are not independent evidence).
+the other, so per-task differences are far more sensitive than two pass rates compared as if
+independent. Each task's per-epoch outcomes are averaged into a score in [0, 1]; then come the
+mean difference (B - A) with a paired bootstrap interval, McNemar's test on the discordant tasks,
+the minimum detectable difference (a non-significant result with a large MDD says "too few
+tasks", not "no difference"), Holm's correction of the per-domain p-values, the flip table, and a
+cluster-robust standard error when tasks share a group (variants of one problem are not
+independent evidence). docs/design/eval.md, "Comparing two evals", has the details.
 
 Infrastructure and verifier errors are not outcomes of the model: records whose outcome is
 `infra_error` or `verifier_error` are left out before pairing, and tasks present in only one run

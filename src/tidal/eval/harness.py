@@ -7,15 +7,11 @@
       summary.json     metrics (metrics.py), rewritten at the end
       report.html      plots and the selection checklist (eval_report.py)
 
-Resume: a rerun with the same `out` skips every (task, epoch) that has a record with an outcome
-other than `infra_error`; a torn last line (a kill mid-write) is ignored. Infra errors (sandbox or
-endpoint down) are retried with exponential backoff inside a run, recorded with their attempts
-when they persist, reported apart and retried by the next rerun; they never count as failures.
-`EndpointAuthError` and `EndpointConfigError` stop the eval at once: no later episode would work,
-and every result written so far stays.
-
-Episodes run `concurrency` at a time in threads: they mostly wait on sandboxes or HTTP; a local
-model batches the turns that wait for its engine into shared calls (agent/local.py).
+A rerun with the same `out` skips every (task, epoch) with a record whose outcome is not
+`infra_error`; a torn last line is ignored. Infra errors are retried with backoff, reported apart
+and never counted as failures; `EndpointAuthError` and `EndpointConfigError` stop the eval at once,
+keeping every result written. Episodes run `concurrency` at a time in threads, since they mostly
+wait on sandboxes or HTTP; a local model batches their waiting turns (agent/local.py).
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
 """Request batching: one worker thread owns the engine and serves queued requests in batches.
 
 Used by `tidal serve` (one job per HTTP request) and by `LocalPolicy` (one job per agent turn, so
-the turns of concurrent episodes share engine calls).
+the turns of concurrent episodes share engine calls). The engine samples a whole batch with one
+`SamplingParams` and one random generator, so a batch holds requests whose parameters match
+exactly. The worker takes the oldest waiting request, then every other waiting one with the same
+parameters within `max_batch` rows: no request waits behind a younger one of another kind, and
+requests arriving while the engine is busy go together in the next call. A `gather_s` window (0
+for the server) lets a call wait that long to fill, for agent turns arriving a few ms apart.
 
-The engine samples a whole batch with one set of `SamplingParams` and one random generator, so a
-batch holds requests whose parameters match exactly (n, temperature, top_p, max_tokens, stop).
-The worker always takes the oldest waiting request, then every other waiting request with the same
-parameters while the batch stays within `max_batch` rows: no request waits behind a younger one of
-another kind, and no timer delays a lone request. Requests arriving while the engine is busy pile
-up and go together in the next call, which is where the throughput under concurrency comes from.
-
-A `gather_s` window (0 for the server) lets the worker wait that long for a call to fill before
-it starts, which agent episodes running in step need: their turns arrive a few ms apart.
-
-A request with a `seed` is always generated alone, as exactly the call `engine.generate(prompts, n,
-params)` a user would make in process, so it returns the same completions as that call (sharing a
-batch would share the random stream and change the padding).
-
-The queue is bounded (`max_queue`): `submit` raises `QueueFull` beyond it, and the server answers
-503. A request whose client went away is dropped when the worker reaches it. Each job's result
-carries its share (by rows) of the process CPU time its engine call took.
+A request with a `seed` is always generated alone, as exactly the in-process call
+`engine.generate(prompts, n, params)`, so it returns that call's completions (a shared batch would
+share the random stream and change the padding). The queue is bounded (`max_queue`, `QueueFull`:
+the server's 503); a request whose client went away is dropped when reached. Each job's result
+carries its share (by rows) of its engine call's process CPU time. docs/design/serve.md, "Batching".
 """
 
 from __future__ import annotations

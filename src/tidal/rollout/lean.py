@@ -2,20 +2,17 @@
 sliding windows): the same arithmetic as their `transformers` modules, without the module calls,
 mask builders and cache bookkeeping around it.
 
-On a CPU a small model's decode step is mostly overhead: `transformers` runs each layer through
-a dozen `nn.Module` calls, builds a 4-D mask, and looks up its attention interface every step,
-which for the built-in tiny model costs about as much as the matmuls. `LeanDecoder` reads the
-model's own parameters (the same tensor objects, so weight updates and shared trainer weights are
-seen at once) and computes, per layer: RMSNorm, the q/k/v projections (with their biases, if
-any), rotary embeddings from the model's own `rotary_emb` (so rope scaling variants are the
-model's), grouped-query attention with `scaled_dot_product_attention` over a preallocated cache
-(`LeanCache`), the output projection, RMSNorm, the SwiGLU MLP; then the final norm and the LM head
-on the last position only. Logits match the `transformers` forward to float rounding
-(tests/unit/rollout/test_lean.py).
-
-`LeanDecoder.supports(model)` says whether a model has exactly that structure; the engine falls
-back to the `transformers` forward for anything else (`EmbeddedEngine(..., kv_cache="dynamic")`
-forces the fallback).
+On a CPU a small model's decode step pays a large share of overhead: `transformers` runs each
+layer through a dozen `nn.Module` calls, builds a 4-D mask and looks up its attention interface
+every step (bench/RESULTS.md, "Rollout", compares the two forwards: the transformers-forward column).
+`LeanDecoder` reads the model's own parameters (the same tensor objects, so weight updates are
+seen at once) and computes per layer RMSNorm, the q/k/v projections with their biases, the model's
+own rotary embeddings (so rope scaling variants are its own), grouped-query attention with
+`scaled_dot_product_attention` over a preallocated `LeanCache`, the output projection and the
+SwiGLU MLP; then the final norm and the LM head on the last position only. Logits match the
+`transformers` forward to float rounding (tests/unit/rollout/test_lean.py). `supports(model)` says
+whether a model has exactly that structure; anything else falls back to the `transformers`
+forward (`EmbeddedEngine(..., kv_cache="dynamic")` forces it).
 """
 
 from __future__ import annotations

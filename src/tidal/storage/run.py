@@ -1,25 +1,18 @@
 """Run folders on the local disk: config, metrics, trajectories, eval records, summary, report.
 
-Layout of one run (`runs/<name>/`):
+    runs/<name>/
+      run.json          marker written by `RunFolder.create` (name, creation time, format)
+      config.yaml       the resolved config (`save_config`)
+      metrics.jsonl     one JSON object per line, appended and fsynced per row
+      trajectories/     the trajectory store (store.py); older runs: step-NNNNNN.jsonl files
+      checkpoints/      owned by the trainer
+      eval/<tag>.jsonl  per-task eval records (e.g. before, after); summary.json, report.html
 
-    run.json              marker written by `RunFolder.create` (name, creation time, format)
-    config.yaml           the resolved config (written by the caller with `save_config`)
-    metrics.jsonl         one JSON object per line, appended and fsynced per row
-    trajectories/         the trajectory store (Parquet segments, store.py); runs made before
-                          the store hold step-000123.jsonl files here, still readable
-    checkpoints/          owned by the trainer
-    eval/<tag>.jsonl      per-task eval records, e.g. eval/before.jsonl, eval/after.jsonl
-    summary.json          the run's results (`write_json`)
-    report.html           the HTML report
-
-Crash safety: a metrics row is one `write` + flush + fsync, so at most the last line can be torn;
-it is skipped (with a warning) on reading and cut off before the next append. Everything else is
-written whole to a temporary file in the same folder, fsynced and renamed over the target, so a
-reader sees either the old file or the new one, never half of one. Rewriting a step after a
-resume therefore replaces it instead of duplicating it.
-
-JSON is written with Python's `json`, which keeps NaN and ±Infinity as the tokens `NaN` and
-`Infinity` (a NaN loss is information); strict JSON parsers reject those tokens.
+A metrics row is one `write` + flush + fsync, so at most the last line can be torn: it is skipped
+with a warning on reading and cut off before the next append. Everything else is written whole to
+a temporary file, fsynced and renamed over the target, so a reader sees the old file or the new
+one. NaN and ±Infinity are kept as `json`'s tokens (a NaN loss is information), which strict JSON
+parsers reject. docs/design/store.md, "The run folder".
 """
 
 from __future__ import annotations

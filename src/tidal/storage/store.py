@@ -7,14 +7,11 @@ and the ledger that makes each one trained exactly once (docs/design/store.md).
     ...update...
     store.mark_trained([e.id for e in kept], step)          # right after the update
 
-Ids are deterministic (`<run>/step-<step>/g<group>/s<sample>`, made by the sampler): a step that
-is redone after a resume gets the same ids, so the ledger can tell that a sample is the same one,
-and a redone step's rows replace the crashed attempt's as the latest version of each id.
-
-Exactly once: an id is *trained* when a `trained` ledger row names it and no later `rollback` row
-voids it (a rollback at step S voids every earlier `trained` row with step >= S: those updates
-died with the process, since the checkpoint the run resumed from is from step S). `mark_trained`
-refuses an id that is trained already, unknown to the store, or dropped by the gate.
+Ids are deterministic (`<run>/step-<step>/g<group>/s<sample>`), so a step redone after a resume
+gets the same ids and its rows replace the crashed attempt's as the latest version of each id. An
+id is *trained* when a `trained` ledger row names it and no later `rollback` row voids it (a
+rollback at step S voids the `trained` rows of steps >= S: those updates died with the process).
+`mark_trained` refuses an id that is trained already, unknown to the store, or dropped by the gate.
 """
 
 from __future__ import annotations

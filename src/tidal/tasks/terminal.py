@@ -7,19 +7,12 @@
       solution/solve.sh   the reference, a shell script run in the workspace (optional)
       files/              the starting workspace (optional)
 
-`task.toml` holds Task fields at the top level (`id`, `domain`, `max_steps`, `tools`, `limits`,
-`image`, `split`, `verifier`, `metadata`), plus Harbor's `[agent] timeout_sec` (kept as
-`metadata.agent_timeout_s`) and `[verifier] timeout_sec` (the acceptance run's `limits.timeout_s`).
-Defaults: `id` = the folder's name, `domain` = agent, `verifier` = python_tests, `max_steps` = 30.
-Tests keep their place under `tests/` in the workspace (so `tests/test_outputs.py`), and files
-come from `files/` at the workspace root. Every file must be UTF-8 text.
-
-`load_task_folder` raises `TaskFolderError` listing every problem of the folder at once: a missing,
-empty or non-UTF-8 file as `FOLDER/FILE: message`, a test module that does not parse as
-`FOLDER/tests/NAME.py:LINE: message`, a bad setting as `FOLDER/task.toml field.path: message` (the
-messages of the JSONL/YAML loader, unknown verifiers included). `task.toml` may not set the fields
-the files hold (`prompt`, `tests`, `files`, `reference`); a `solution/` folder must hold `solve.sh`.
-`load_eval_tasks` reads task files and task folders together; `tidal tasks validate` uses it.
+`task.toml` holds Task fields at the top level, plus Harbor's `[agent] timeout_sec` (kept as
+`metadata.agent_timeout_s`) and `[verifier] timeout_sec` (the acceptance run's `limits.timeout_s`);
+defaults: `id` = the folder's name, `domain` = agent, `verifier` = python_tests, `max_steps` = 30.
+Tests keep their place under `tests/` in the workspace; every file must be UTF-8 text.
+`load_task_folder` raises `TaskFolderError` listing every problem of the folder at once, in the
+loader's `FOLDER/FILE: message` style (docs/design/agent.md, "Tasks for agents").
 """
 
 from __future__ import annotations
