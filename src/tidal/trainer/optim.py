@@ -9,8 +9,9 @@ import torch
 
 def adamw(params: list[torch.nn.Parameter], **options: Any) -> torch.optim.AdamW:
     """AdamW with torch's fused kernel where the parameters allow it (floating point, on a CPU or
-    CUDA device): one pass over all tensors instead of a dozen ops per tensor, about 4x faster on
-    a small model's CPU step; the same update up to float rounding. Otherwise the default."""
+    CUDA device): one pass over all tensors instead of a dozen ops per tensor, whose per-op cost
+    is most of a small model's optimizer step on a CPU; the same update up to float rounding.
+    Otherwise the default."""
     devices = {p.device.type for p in params}
     if params and devices <= {"cpu", "cuda"} and all(p.is_floating_point() for p in params):
         try:
