@@ -34,6 +34,7 @@ def _parts(args: argparse.Namespace, shared: bool) -> dict[str, Any]:
     from tidal.models.io import render_prompt
     from tidal.rollout.engine import EmbeddedEngine
     from tidal.trainer.trainer import Trainer
+    from tidal.types import Task, VerifierSpec
 
     model, tokenizer = rl_step.build_model_and_tokenizer(args.seed)
     device = torch.device("cpu")
@@ -43,9 +44,15 @@ def _parts(args: argparse.Namespace, shared: bool) -> dict[str, Any]:
         AlgorithmConfig(), device, total_steps=total_steps,
     )
     questions = rl_step.arithmetic_questions(args.seed)
+    # The questions as tasks, for the groups (the bench scores with rl_step.arithmetic_reward).
+    tasks = [
+        Task(id=f"q{i:03d}", domain="math", prompt=q, verifier=VerifierSpec(name="math", answer=str(a)))
+        for i, (q, a) in enumerate(questions)
+    ]
     prompt_ids = [render_prompt(tokenizer, [{"role": "user", "content": q}]) for q, _ in questions]
     return {"model": model, "tokenizer": tokenizer, "device": device, "trainer": trainer, "questions": questions,
-            "prompt_ids": prompt_ids, "total_steps": total_steps, "engine": EmbeddedEngine(model, tokenizer, device)}
+            "tasks": tasks, "prompt_ids": prompt_ids, "total_steps": total_steps,
+            "engine": EmbeddedEngine(model, tokenizer, device)}
 
 
 def sample_batch(args: argparse.Namespace, parts: dict[str, Any], engine: Any, index: int) -> tuple[Any, dict[str, float]]:
@@ -54,7 +61,7 @@ def sample_batch(args: argparse.Namespace, parts: dict[str, Any], engine: Any, i
     from tidal.algos import assign_advantages
     from tidal.rollout.engine import SamplingParams
     from tidal.trainer.logprobs import collate
-    from tidal.types import Episode, Outcome, Score
+    from tidal.types import Episode, Group, Outcome, Score, flatten
 
     questions = parts["questions"]
     chosen = [(index * args.prompts + p) % len(questions) for p in range(args.prompts)]
@@ -62,16 +69,19 @@ def sample_batch(args: argparse.Namespace, parts: dict[str, Any], engine: Any, i
         temperature=1.0, max_new_tokens=args.new_tokens, ignore_eos=True, seed=args.seed * 1_000_003 + index
     )
     began = time.perf_counter()
-    groups = engine.generate([parts["prompt_ids"][i] for i in chosen], args.samples, params)
+    completions = engine.generate([parts["prompt_ids"][i] for i in chosen], args.samples, params)
     generated = time.perf_counter()
-    episodes = []
-    for question, group in zip(chosen, groups):
-        group_id = f"step-{index:04d}/q{question:03d}"
-        for k, completion in enumerate(group):
+    groups = []
+    for position, (question, samples) in enumerate(zip(chosen, completions)):
+        task, group_id = parts["tasks"][question], f"step-{index:04d}/q{question:03d}"
+        episodes = []
+        for k, completion in enumerate(samples):
             reward = rl_step.arithmetic_reward(completion.text, questions[question][1])
             score = Score(reward, Outcome.PASSED if reward else Outcome.FAILED)
-            episodes.append(Episode(f"{group_id}/s{k:02d}", f"q{question:03d}", "math", group_id, completion, score))
-    assign_advantages(episodes, "grpo")
+            episodes.append(Episode(f"{group_id}/s{k:02d}", task.id, "math", group_id, completion, score))
+        groups.append(Group(task, position, episodes))
+    assign_advantages(groups, "grpo")
+    episodes = flatten(groups)
     batch = collate(episodes, parts["tokenizer"].pad_token_id, parts["device"])
     return batch, {
         "generate_s": generated - began,

@@ -2,16 +2,20 @@
 
 from tidal.algos.advantages import (
     ADVANTAGES,
+    CRITIC_ADVANTAGES,
+    GROUP_ADVANTAGES,
     assign_advantages,
     episode_reward,
     get_advantage,
     has_valid_reward,
+    needs_critic,
     reinforce_pp,
 )
 from tidal.algos.gae import (
     clipped_value_loss,
     explained_variance,
     gae,
+    gae_advantages,
     token_rewards,
     whiten,
 )
@@ -33,6 +37,8 @@ from tidal.algos.losses import (
 
 __all__ = [
     "ADVANTAGES",
+    "CRITIC_ADVANTAGES",
+    "GROUP_ADVANTAGES",
     "KL_ESTIMATORS",
     "LOSSES",
     "LOSS_INPUTS",
@@ -45,12 +51,14 @@ __all__ = [
     "episode_reward",
     "explained_variance",
     "gae",
+    "gae_advantages",
     "get_advantage",
     "get_loss",
     "has_valid_reward",
     "kl_adjusted_advantages",
     "kl_penalty",
     "loss_denominator",
+    "needs_critic",
     "ppo_clip_loss",
     "reinforce_pp",
     "tis_pg_loss",

@@ -1,28 +1,43 @@
-"""Group-relative advantage estimators, picked by name from `ADVANTAGES`.
+"""Advantage estimators, picked by name from `ADVANTAGES`, in two kinds.
 
-Each estimator takes the rewards of G groups of n samples of the same prompt and a mask of the
-samples whose reward is valid (scored, not an infrastructure error). Invalid samples get
-advantage 0 and are left out of their group's baseline; a group with fewer valid samples than
-the estimator needs gets advantage 0 throughout. The (G, n) input is the whole batch, so an
-estimator may also normalise across groups (`reinforce_pp`).
+A group estimator (`GROUP_ADVANTAGES`) takes the rewards of G groups of n samples of the same
+prompt and a mask of the samples whose reward is valid (scored, not an infrastructure error).
+Invalid samples get advantage 0 and are left out of their group's baseline; a group with fewer
+valid samples than the estimator needs gets advantage 0 throughout. The (G, n) input is the whole
+batch, so an estimator may also normalise across groups (`reinforce_pp`). The loop runs it
+(`assign_advantages`) and each episode carries its advantage to the update.
 
-`gae` is registered too, so that the loop's `assign_advantages` works for every name, but its
-advantages are per token and need the value model: the trainer computes them (tidal.algos.gae).
+A critic estimator (`CRITIC_ADVANTAGES`: `gae`) needs a value model's predictions and gives
+per-token advantages: being registered there is its declaration that it needs the value model,
+so the trainer builds one for it (`needs_critic`) and runs it in the update (tidal.algos.gae).
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from tidal.algos.gae import gae_advantages
 from tidal.errors import UnknownNameError
-from tidal.types import Episode, Outcome
+from tidal.types import Episode, Group, Outcome
 
-AdvantageFn = Callable[[Tensor, Tensor], Tensor]
+GroupEstimator = Callable[[Tensor, Tensor], Tensor]  # rewards (G, n), valid mask (G, n) -> advantages (G, n)
+
+
+class CriticEstimator(Protocol):
+    """Sequence rewards (B,), the value model's values (B, T) and the trained tokens' mask (B, T)
+    -> per-token (advantages, returns), (B, T) each; `kl` (B, T) is the per-token KL taken from
+    the reward (kl_in=reward)."""
+
+    def __call__(
+        self, rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float, kl: Tensor | None = None,
+        kl_coef: float = 0.0,
+    ) -> tuple[Tensor, Tensor]: ...
+
 
 EPS = 1e-6
 
@@ -99,27 +114,31 @@ def reinforce_pp(rewards: Tensor, mask: Tensor) -> Tensor:
     return (centred - batch_mean) * weights / (batch_std + EPS)
 
 
-def gae_placeholder(rewards: Tensor, mask: Tensor) -> Tensor:
-    """`gae`: zeros. PPO's advantages are per token and come from the value model, which only the
-    trainer has, so `Trainer.rl_step` computes them from `TrainBatch.rewards`; the per-sequence
-    `Episode.advantage` stays 0 (it is not what trains)."""
-    return torch.zeros_like(_clean(rewards, mask)[0])
-
-
-ADVANTAGES: dict[str, AdvantageFn] = {
+GROUP_ADVANTAGES: dict[str, GroupEstimator] = {
     "grpo": grpo,
     "dr_grpo": dr_grpo,
     "rloo": rloo,
     "reinforce_pp": reinforce_pp,
-    "gae": gae_placeholder,
 }
+# These need a value model: the trainer builds one when the run's estimator is among them.
+CRITIC_ADVANTAGES: dict[str, CriticEstimator] = {
+    "gae": gae_advantages,
+}
+ADVANTAGES: dict[str, GroupEstimator | CriticEstimator] = {**GROUP_ADVANTAGES, **CRITIC_ADVANTAGES}
 
 
-def get_advantage(name: str) -> AdvantageFn:
+def get_advantage(name: str) -> GroupEstimator | CriticEstimator:
     """The estimator registered under `name`; an unknown name raises with the known ones."""
     if name not in ADVANTAGES:
         raise UnknownNameError("advantage estimator", name, list(ADVANTAGES))
     return ADVANTAGES[name]
+
+
+def needs_critic(name: str) -> bool:
+    """Whether estimator `name` needs a value model (it is a `CRITIC_ADVANTAGES` one); an
+    unknown name raises with the known ones."""
+    get_advantage(name)
+    return name in CRITIC_ADVANTAGES
 
 
 def episode_reward(episode: Episode) -> float | None:
@@ -138,28 +157,33 @@ def has_valid_reward(episode: Episode) -> bool:
     return math.isfinite(episode_reward(episode))  # type: ignore[arg-type]
 
 
-def assign_advantages(episodes: list[Episode], name: str) -> None:
-    """Set `episode.advantage` for every episode, grouping them by `group_id`.
-
-    Episodes without a valid reward (see `has_valid_reward`) get 0 and stay out of the baseline.
-    Groups of different sizes are padded with invalid samples. The reward is `episode_reward`.
-    """
-    estimator = get_advantage(name)
-    if not episodes:
-        return
-    groups: dict[str, list[Episode]] = defaultdict(list)
-    for episode in episodes:
-        groups[episode.group_id].append(episode)
-    members = list(groups.values())
-    width = max(len(group) for group in members)
-    rewards = torch.zeros(len(members), width)  # (G, n)
-    mask = torch.zeros(len(members), width, dtype=torch.bool)  # (G, n)
-    for g, group in enumerate(members):
-        for i, episode in enumerate(group):
+def group_rewards(groups: Sequence[Group]) -> tuple[Tensor, Tensor]:
+    """The rewards (G, n) of `groups` (`episode_reward`, 0 where invalid) and the mask (G, n) of
+    the valid ones (`has_valid_reward`); ragged groups are padded with invalid samples."""
+    width = max((len(group.episodes) for group in groups), default=0)
+    rewards = torch.zeros(len(groups), width)  # (G, n)
+    mask = torch.zeros(len(groups), width, dtype=torch.bool)  # (G, n)
+    for g, group in enumerate(groups):
+        for i, episode in enumerate(group.episodes):
             if has_valid_reward(episode):
                 rewards[g, i] = episode_reward(episode)  # type: ignore[assignment]
                 mask[g, i] = True
-    advantages = estimator(rewards, mask)  # (G, n)
-    for g, group in enumerate(members):
-        for i, episode in enumerate(group):
+    return rewards, mask
+
+
+def assign_advantages(groups: Sequence[Group], name: str) -> None:
+    """Set `episode.advantage` for every episode of `groups` with the group estimator `name`; the
+    baseline of each is taken within its group (all its episodes, kept or not).
+
+    Episodes without a valid reward (see `has_valid_reward`) get 0 and stay out of the baseline.
+    For an estimator that needs a critic (`needs_critic`) this does nothing: its advantages are
+    per token and computed in the update from `TrainBatch.rewards`, so `Episode.advantage` is
+    not set and not trained on.
+    """
+    if needs_critic(name) or not groups:
+        return
+    rewards, mask = group_rewards(groups)  # (G, n) each
+    advantages = GROUP_ADVANTAGES[name](rewards, mask)  # (G, n)
+    for g, group in enumerate(groups):
+        for i, episode in enumerate(group.episodes):
             episode.advantage = float(advantages[g, i]) if mask[g, i] else 0.0

@@ -1,8 +1,9 @@
 """PPO's per-token advantages from a value model: token rewards, GAE, whitening, the value loss.
 
-The `gae` advantage estimator. Unlike the group estimators (tidal.algos.advantages) it needs the
-value model's predictions, so the trainer calls these functions inside `Trainer.rl_step`; the
-loop's `assign_advantages` only leaves a per-sequence placeholder of 0 for it.
+`gae_advantages` is the `gae` advantage estimator (`ADVANTAGES["gae"]`). Unlike the group
+estimators (tidal.algos.advantages) it needs the value model's predictions, which only the
+trainer has: it is registered as needing a critic, so the trainer builds the value model and
+runs it inside `Trainer.rl_step`, while the loop's `assign_advantages` leaves it alone.
 
 Positions follow the trainer's (B, T) layout: values[:, t] is V of the prefix before token t,
 predicting the return from token t on, so it lines up with logprobs[:, t] and the mask.
@@ -52,6 +53,19 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
         next_advantage = torch.where(on, advantage, next_advantage)
     values = torch.where(mask > 0, values, torch.zeros_like(values))
     return advantages, advantages + values * (mask > 0)
+
+
+def gae_advantages(
+    rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float, lam: float, kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """PPO's advantages (Schulman et al. 2017), (B, T) each: the sequence rewards (B,) placed on
+    each row's last masked token (minus kl_coef * kl (B, T) per token when the KL is in the
+    reward), GAE over the value model's `values` (B, T), then whitened over the batch's masked
+    tokens. Returns (advantages, returns); the returns, not whitened, are the value targets."""
+    per_token = token_rewards(rewards, mask, kl, kl_coef)  # (B, T)
+    advantages, returns = gae(per_token, values, mask, gamma, lam)  # (B, T) each
+    return whiten(advantages, mask), returns
 
 
 def whiten(values: Tensor, mask: Tensor) -> Tensor:

@@ -77,6 +77,50 @@ class _Unit:
     count: int
 
 
+@dataclass
+class _Decoding:
+    """One batch being decoded. R = output rows (a unit's samples, in unit order); b = the rows
+    still in the batch (and its cache), each a live output row until the batch is compacted."""
+
+    cache: DynamicCache | LeanCache
+    logits: Tensor  # (b, V) float32, of the token each batch row samples next
+    attention: Tensor  # (b, width + max_new) long, 1 on real (not left-padding) columns
+    next_position: Tensor  # (b,) long, the position of each batch row's next token
+    width: int  # prompt columns: every prompt ends at column width - 1
+    padded: bool  # whether some batch row has left padding (else no attention mask is needed)
+    tokens: Tensor  # (R, max_new) long, sampled tokens
+    logprobs: Tensor  # (R, max_new) float32, their logprobs
+    kept: Tensor  # (R,) long, tokens kept: max_new unless the row stopped
+    stopped: Tensor  # (R,) bool, whether the row stopped (eos or a stop string)
+    live: Tensor  # (b,) long, the output row of each batch row
+    alive: Tensor  # (b,) bool, batch rows still sampling
+
+    def compact(self, token: Tensor) -> Tensor:
+        """Drop the finished rows from the batch and its cache; returns `token` (b,) of the rows kept."""
+        keep = self.alive.nonzero().flatten()
+        self.cache.batch_select_indices(keep)
+        token, self.live, self.attention, self.next_position = (
+            token[keep], self.live[keep], self.attention[keep], self.next_position[keep]
+        )
+        self.alive = self.alive[keep]
+        self.padded = self.padded and not bool(self.attention[:, : self.width].all())
+        return token
+
+
+def _mark_finished(state: _Decoding, token: Tensor, step: int, eos: Tensor | None, stops: _StopChecker | None) -> None:
+    """Record the rows that `token` (b,) ends at `step`: an eos id (when `eos` is given) or a
+    completed stop string."""
+    alive = state.alive
+    finished = torch.isin(token, eos) & alive if eos is not None else torch.zeros_like(alive)
+    if stops is not None:
+        hits = stops.check(state.tokens, state.live, alive & ~finished, step)
+        if hits:
+            finished[torch.tensor(hits, device=finished.device)] = True
+    state.kept[state.live] = torch.where(finished, step + 1, state.kept[state.live])
+    state.stopped[state.live] |= finished
+    state.alive &= ~finished
+
+
 class EmbeddedEngine:
     """Samples completions from a Hugging Face causal LM in this process (CPU or GPU).
 
@@ -251,10 +295,18 @@ class EmbeddedEngine:
         on_token: TokenCallback | None = None,
         cancel: Cancel | None = None,
     ) -> list[list[Completion]]:
+        """The completions of one batch of units: one prefill of their prompts, then decoding."""
+        state = self._prefill(units, prompts, params.max_new_tokens)
+        self._decode(state, units, params, generator, on_token, cancel)
+        generated = state.kept.tolist()
+        reasons: list[FinishReason] = ["stop" if s else "length" for s in state.stopped.tolist()]
+        return self._completions(units, prompts, state.tokens, state.logprobs, generated, reasons, params, version)
+
+    def _prefill(self, units: list[_Unit], prompts: list[list[int]], max_new: int) -> _Decoding:
+        """Run the units' prompts once, left-padded, and copy each one's cache row to its samples."""
         device = self.device
         lengths = [len(prompts[unit.prompt]) for unit in units]
         width = max(lengths)
-        max_new = params.max_new_tokens
         # Left padding: every prompt ends at column `width - 1`, so one decode step serves all rows.
         input_ids = torch.full((len(units), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(units), width + max_new), dtype=torch.long)
@@ -275,65 +327,71 @@ class EmbeddedEngine:
             cache.batch_select_indices(source)
             logits, attention = logits[source], attention[source]
         rows = len(source)
-        next_position = torch.tensor(lengths, device=device)[source]
+        return _Decoding(
+            cache=cache,
+            logits=logits,
+            attention=attention,
+            next_position=torch.tensor(lengths, device=device)[source],
+            width=width,
+            padded=padded,
+            tokens=torch.zeros((rows, max_new), dtype=torch.long, device=device),
+            logprobs=torch.zeros((rows, max_new), dtype=torch.float32, device=device),
+            kept=torch.full((rows,), max_new, dtype=torch.long, device=device),
+            stopped=torch.zeros(rows, dtype=torch.bool, device=device),
+            live=torch.arange(rows, device=device),
+            alive=torch.ones(rows, dtype=torch.bool, device=device),
+        )
 
-        tokens = torch.zeros((rows, max_new), dtype=torch.long, device=device)  # (R, max_new)
-        logprobs = torch.zeros((rows, max_new), dtype=torch.float32, device=device)  # (R, max_new)
-        # Per output row: tokens kept (max_new unless it stopped) and whether it stopped, on the device.
-        kept = torch.full((rows,), max_new, dtype=torch.long, device=device)
-        stopped = torch.zeros(rows, dtype=torch.bool, device=device)
-        live = torch.arange(rows, device=device)  # output row of each batch row
-        alive = torch.ones(rows, dtype=torch.bool, device=device)  # batch rows still sampling
-        eos = torch.tensor(self.eos_ids, device=device)
+    def _decode(
+        self,
+        state: _Decoding,
+        units: list[_Unit],
+        params: SamplingParams,
+        generator: torch.Generator,
+        on_token: TokenCallback | None,
+        cancel: Cancel | None,
+    ) -> None:
+        """Sample up to max_new_tokens tokens for every row of `state`, one step at a time,
+        recording them (and where each row stopped) in `state`."""
+        device = self.device
+        max_new = params.max_new_tokens
         check_eos = bool(self.eos_ids) and not params.ignore_eos
+        eos = torch.tensor(self.eos_ids, device=device)
         stops = _StopChecker(self.tokenizer, params.stop) if params.stop else None
+        ends = check_eos or stops is not None
         # Output row -> (prompt index, sample index), for `on_token`.
         owners = [(unit.prompt, unit.first + offset) for unit in units for offset in range(unit.count)]
         # Reading a value back from an accelerator waits for its queue to drain, so there the
         # loop looks at how many rows are done (to stop early or compact the batch) every few
-        # steps only; rows that ended meanwhile sample on, and what they sample is cut off below.
+        # steps only; rows that ended meanwhile sample on, and what they sample is cut off (`kept`).
         # Stop strings and `on_token` need the tokens on the host every step anyway.
         look_every = 1 if device.type == "cpu" or stops is not None or on_token is not None else SYNC_EVERY
 
         for step in range(max_new):
             if cancel is not None and cancel.is_set():
+                rows = len(state.kept)
                 raise PreemptedError(f"generation stopped at decode step {step} of a batch of {rows} rows")
-            token, logprob = _sample(logits, params, generator)
-            tokens[live, step] = token
-            logprobs[live, step] = logprob
+            token, logprob = _sample(state.logits, params, generator)
+            state.tokens[state.live, step] = token
+            state.logprobs[state.live, step] = logprob
             if on_token is not None:
                 # Rows already finished stay in the batch until it is compacted: skip them.
-                for out_row, token_id in zip(live[alive].tolist(), token[alive].tolist()):
+                for out_row, token_id in zip(state.live[state.alive].tolist(), token[state.alive].tolist()):
                     on_token(*owners[out_row], token_id)
-            if check_eos or stops is not None:
-                finished = torch.isin(token, eos) & alive if check_eos else torch.zeros_like(alive)
-                if stops is not None:
-                    hits = stops.check(tokens, live, alive & ~finished, step)
-                    if hits:
-                        finished[torch.tensor(hits, device=device)] = True
-                kept[live] = torch.where(finished, step + 1, kept[live])
-                stopped[live] |= finished
-                alive &= ~finished
+            if ends:
+                _mark_finished(state, token, step, eos if check_eos else None, stops)
             if step + 1 == max_new:
                 break
-            if (step + 1) % look_every == 0 and (check_eos or stops is not None):
-                dead = int((~alive).sum())
-                if dead == len(alive):
+            if (step + 1) % look_every == 0 and ends:
+                dead = int((~state.alive).sum())
+                if dead == len(state.alive):
                     break
                 # Dropping rows copies the cache, so wait until enough of the batch is finished.
-                if dead and dead * 8 >= len(alive):
-                    keep = alive.nonzero().flatten()
-                    cache.batch_select_indices(keep)
-                    token, live, attention, next_position = token[keep], live[keep], attention[keep], next_position[keep]
-                    alive = alive[keep]
-                    padded = padded and not bool(attention[:, :width].all())
-            mask = attention[:, : width + step + 1] if padded else None
-            logits = self._forward(token[:, None], mask, next_position[:, None], cache)
-            next_position = next_position + 1
-
-        generated = kept.tolist()
-        reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped.tolist()]
-        return self._completions(units, prompts, tokens, logprobs, generated, reasons, params, version)
+                if dead and dead * 8 >= len(state.alive):
+                    token = state.compact(token)
+            mask = state.attention[:, : state.width + step + 1] if state.padded else None
+            state.logits = self._forward(token[:, None], mask, state.next_position[:, None], state.cache)
+            state.next_position = state.next_position + 1
 
     def _completions(
         self,

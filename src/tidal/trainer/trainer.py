@@ -2,7 +2,8 @@
 
 `Trainer.rl_step` trains on a `TrainBatch` with the configured policy loss, the KL term (in the
 loss or in the reward, with a fixed or adaptive coefficient), the entropy bonus, an optional
-replay cross-entropy against forgetting, and for `gae` the value model (tidal.trainer.critic);
+replay cross-entropy against forgetting, and, for an advantage estimator that needs one (`gae`),
+the value model (tidal.trainer.critic);
 `Trainer.sft_step` runs a supervised cross-entropy step through the same machinery (used by the
 warm start). A batch is split into micro-batches of `micro_batch_size` sequences whose gradients
 accumulate; each micro-batch loss is normalised by the whole batch's denominator (all its
@@ -23,14 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tidal.algos.advantages import get_advantage
-from tidal.algos.gae import (
-    clipped_value_loss,
-    explained_variance,
-    gae,
-    token_rewards,
-    whiten,
-)
+from tidal.algos.advantages import CRITIC_ADVANTAGES, get_advantage, needs_critic
+from tidal.algos.gae import clipped_value_loss, explained_variance
 from tidal.algos.kl import KLController, kl_adjusted_advantages
 from tidal.algos.losses import (
     LOSS_INPUTS,
@@ -133,8 +128,8 @@ class Trainer:
     `max_tokens` is the constant of `token_sum` aggregation (Dr. GRPO): pass the generation
     budget (rollout.max_new_tokens). `updates` counts the optimizer steps actually taken.
     `kl` holds the KL coefficient (adaptive when `algorithm.kl_target` is set); `critic` is
-    the value model, created as a copy of the policy's backbone when `algorithm.advantage` is
-    `gae`, else None.
+    the value model, created as a copy of the policy's backbone when `algorithm.advantage` is an
+    estimator that needs one (`needs_critic`: the `CRITIC_ADVANTAGES`, i.e. gae), else None.
     """
 
     def __init__(
@@ -174,7 +169,7 @@ class Trainer:
         self.updates = 0
         self.kl = KLController(algo_cfg.kl_coef, algo_cfg.kl_target, algo_cfg.kl_horizon)
         self.critic: Critic | None = None
-        if algo_cfg.advantage == "gae":
+        if needs_critic(algo_cfg.advantage):
             self.critic = Critic(self.model, algo_cfg.critic_lr, betas, trainer_cfg.weight_decay, self.device)
 
     # ---------------------------------------------------------------- update machinery
@@ -287,34 +282,36 @@ class Trainer:
             reward_kl = torch.where(mask > 0, k1, torch.zeros_like(k1))
             metrics["kl_reward"] = _masked_mean(reward_kl, mask)
         if self.critic is not None:
-            advantages, targets = self._gae(batch, reward_kl, kl_coef, metrics)
+            advantages, targets = self._critic_advantages(batch, reward_kl, kl_coef, metrics)
             return advantages, targets, metrics
         if reward_kl is not None:
             return kl_adjusted_advantages(batch.advantages, reward_kl, mask, kl_coef), None, metrics
         return batch.advantages, None, metrics
 
-    def _gae(
+    def _critic_advantages(
         self, batch: TrainBatch, reward_kl: Tensor | None, kl_coef: float, metrics: dict[str, float]
     ) -> tuple[Tensor, ValueTargets]:
-        """Per-token advantages (B, T) from the value model: the sequence reward at the last
-        completion token (minus the per-token KL when it is in the reward), GAE, then whitened
-        over the batch's tokens. A sequence without a valid reward (NaN) gets advantage 0 and
-        does not train the value model."""
+        """Per-token advantages (B, T) of the run's critic estimator (`CRITIC_ADVANTAGES`; gae:
+        tidal.algos.gae.gae_advantages) from the value model's values of the batch. A sequence
+        without a valid reward (NaN) gets advantage 0 and does not train the value model."""
         assert self.critic is not None
+        name = self.algo.advantage
         if batch.rewards is None:
-            raise ValueError("algorithm.advantage 'gae' needs TrainBatch.rewards (the sequence rewards; collate fills them)")
+            raise ValueError(f"algorithm.advantage {name!r} needs TrainBatch.rewards (the sequence rewards; collate fills them)")
         rewards = _wide(batch.rewards.to(self.device))  # (B,)
         valid = torch.isfinite(rewards)  # (B,)
         mask = batch.completion_mask * valid.unsqueeze(-1)  # (B, T)
         old_values = self.critic.values(
             batch.input_ids, batch.attention_mask, self.cfg.micro_batch_size, self.autocast_dtype
         ).to(mask.dtype)  # (B, T)
-        per_token = token_rewards(torch.where(valid, rewards, torch.zeros_like(rewards)), mask, reward_kl, kl_coef)
-        advantages, returns = gae(per_token, old_values, mask, self.algo.gamma, self.algo.lam)  # (B, T) each
+        advantages, returns = CRITIC_ADVANTAGES[name](
+            torch.where(valid, rewards, torch.zeros_like(rewards)), old_values, mask,
+            gamma=self.algo.gamma, lam=self.algo.lam, kl=reward_kl, kl_coef=kl_coef,
+        )  # (B, T) each
         metrics["value_mean"] = _masked_mean(old_values, mask)
         metrics["returns_mean"] = _masked_mean(returns, mask)
         metrics["explained_variance"] = explained_variance(old_values, returns, mask)
-        return whiten(advantages, mask), ValueTargets(old_values, returns, mask)
+        return advantages, ValueTargets(old_values, returns, mask)
 
     def _critic_epoch(self, batch: TrainBatch, targets: ValueTargets) -> dict[str, float]:
         """One update of the value model: clipped value loss, token mean over the batch."""
@@ -336,21 +333,9 @@ class Trainer:
         stats = self._apply([(batch.input_ids.shape[0], micro_loss)], critic=True)
         return {"value_loss": stats["loss"], "critic_grad_norm": stats["grad_norm"], "critic_skipped": stats["skipped"]}
 
-    def rl_step(self, batch: TrainBatch, replay: ReplayBatch | None = None) -> dict[str, float]:
-        """`algorithm.epochs` updates on `batch` with the policy loss, KL, entropy and replay terms
-        (and as many updates of the value model, for gae).
-
-        `replay`, when given and `algorithm.replay_weight` > 0, adds replay_weight * its mean
-        token cross-entropy to every update's loss, micro-batched like the RL batch and
-        accumulated into the same optimizer step. Metrics are means over the epochs (`skipped`
-        counts the skipped updates): loss, policy_loss, grad_norm, lr, entropy, clip_low_frac,
-        clip_high_frac, ratio_mean, approx_kl (to the sampler), kl (to the reference, with
-        `kl_estimator`) and kl_coef (the coefficient of this step), when a reference is
-        available; kl_reward (kl_in=reward); replay_loss; for gae value_loss, critic_grad_norm,
-        value_mean, returns_mean, explained_variance (of the values before this step) and
-        critic_warmup (1 while only the value model trains); tokens.
-        """
-        batch = dataclasses.replace(
+    def _on_device(self, batch: TrainBatch) -> TrainBatch:
+        """The batch's tensors that every update reads, on the trainer's device (float ones at least fp32)."""
+        return dataclasses.replace(
             batch,
             input_ids=batch.input_ids.to(self.device),
             attention_mask=batch.attention_mask.to(self.device),
@@ -358,17 +343,14 @@ class Trainer:
             old_logprobs=_wide(batch.old_logprobs.to(self.device)),
             advantages=_wide(batch.advantages.to(self.device)),
         )
-        num_rows = batch.input_ids.shape[0]
-        if num_rows == 0:
-            raise ValueError("rl_step needs a batch with at least one sequence")
-        total_tokens = float(batch.completion_mask.sum())
-        if total_tokens == 0:
-            lr = float(self.optimizer.param_groups[0]["lr"])
-            return {"loss": 0.0, "grad_norm": 0.0, "lr": lr, "skipped": 1.0, "tokens": 0.0}
+
+    def _policy_part(
+        self, batch: TrainBatch, advantages: Tensor, ref_logprobs: Tensor | None, kl_coef: float, total_tokens: float
+    ) -> Part:
+        """The part of the RL loss: per micro-batch, the policy loss on `advantages` (B,) or
+        (B, T), plus the KL term (kl_in=loss) and minus the entropy bonus, each aggregated over
+        the whole batch's denominator; its metrics are weighted to sum to the batch's means."""
         denominator = loss_denominator(batch.completion_mask, self.algo.aggregation)
-        ref_logprobs = self._reference_logprobs(batch)
-        kl_coef = self.kl.value
-        advantages, value_targets, step_metrics = self._advantages(batch, ref_logprobs, kl_coef)
         inputs = LOSS_INPUTS.get(self.algo.loss, ())
         # The proximal policy of decoupled PPO: these weights before this step's first update.
         prox_logprobs = self._frozen_logprobs(self.model, batch) if "prox_logprobs" in inputs else None
@@ -408,14 +390,24 @@ class Trainer:
                 loss = loss - self.algo.entropy_coef * bonus
             return loss, metrics
 
-        parts: list[Part] = [(num_rows, micro_loss)]
-        if replay is not None and self.algo.replay_weight > 0:
-            replay_part, replay_tokens = self._cross_entropy(
-                replay.input_ids, replay.attention_mask, replay.loss_mask, self.algo.replay_weight, "replay_loss"
-            )
-            if replay_tokens > 0:
-                parts.append(replay_part)
-        train_policy = self.critic is None or self.critic.steps >= self.algo.critic_warmup_steps
+        return batch.input_ids.shape[0], micro_loss
+
+    def _replay_parts(self, replay: ReplayBatch | None) -> list[Part]:
+        """The replay cross-entropy's part, when there is a replay batch with tokens to train and
+        `algorithm.replay_weight` > 0."""
+        if replay is None or not self.algo.replay_weight > 0:
+            return []
+        part, tokens = self._cross_entropy(
+            replay.input_ids, replay.attention_mask, replay.loss_mask, self.algo.replay_weight, "replay_loss"
+        )
+        return [part] if tokens > 0 else []
+
+    def _epochs(
+        self, parts: list[Part], batch: TrainBatch, value_targets: ValueTargets | None, train_policy: bool
+    ) -> dict[str, float]:
+        """`algorithm.epochs` updates of the policy (unless the critic is warming up) and of the
+        value model (when there are value targets). Metrics are means over the epochs, but
+        `skipped` counts the skipped updates."""
         epochs = []
         for _ in range(self.algo.epochs):
             stats = self._apply(parts) if train_policy else {}
@@ -425,6 +417,36 @@ class Trainer:
         result = {key: sum(e.get(key, 0.0) for e in epochs) / len(epochs) for key in epochs[0]}
         result["skipped"] = sum(e.get("skipped", 0.0) for e in epochs)
         result.setdefault("lr", float(self.optimizer.param_groups[0]["lr"]))  # the critic warmup trains no policy
+        return result
+
+    def rl_step(self, batch: TrainBatch, replay: ReplayBatch | None = None) -> dict[str, float]:
+        """`algorithm.epochs` updates on `batch` with the policy loss, KL, entropy and replay terms
+        (and as many updates of the value model, for gae).
+
+        `replay`, when given and `algorithm.replay_weight` > 0, adds replay_weight * its mean
+        token cross-entropy to every update's loss, micro-batched like the RL batch and
+        accumulated into the same optimizer step. Metrics are means over the epochs (`skipped`
+        counts the skipped updates): loss, policy_loss, grad_norm, lr, entropy, clip_low_frac,
+        clip_high_frac, ratio_mean, approx_kl (to the sampler), kl (to the reference, with
+        `kl_estimator`) and kl_coef (the coefficient of this step), when a reference is
+        available; kl_reward (kl_in=reward); replay_loss; for gae value_loss, critic_grad_norm,
+        value_mean, returns_mean, explained_variance (of the values before this step) and
+        critic_warmup (1 while only the value model trains); tokens.
+        """
+        batch = self._on_device(batch)
+        num_rows = batch.input_ids.shape[0]
+        if num_rows == 0:
+            raise ValueError("rl_step needs a batch with at least one sequence")
+        total_tokens = float(batch.completion_mask.sum())
+        if total_tokens == 0:
+            lr = float(self.optimizer.param_groups[0]["lr"])
+            return {"loss": 0.0, "grad_norm": 0.0, "lr": lr, "skipped": 1.0, "tokens": 0.0}
+        ref_logprobs = self._reference_logprobs(batch)
+        kl_coef = self.kl.value
+        advantages, value_targets, step_metrics = self._advantages(batch, ref_logprobs, kl_coef)
+        parts = [self._policy_part(batch, advantages, ref_logprobs, kl_coef, total_tokens), *self._replay_parts(replay)]
+        train_policy = self.critic is None or self.critic.steps >= self.algo.critic_warmup_steps
+        result = self._epochs(parts, batch, value_targets, train_policy)
         result.update(step_metrics)
         if self.critic is not None:
             self.critic.steps += 1

@@ -9,13 +9,18 @@ import torch
 
 from tidal.algos.advantages import (
     ADVANTAGES,
+    CRITIC_ADVANTAGES,
+    GROUP_ADVANTAGES,
     assign_advantages,
     episode_reward,
     get_advantage,
+    group_rewards,
     has_valid_reward,
+    needs_critic,
 )
+from tidal.algos.gae import gae_advantages
 from tidal.errors import UnknownNameError
-from tidal.types import Completion, Episode, Outcome, Score
+from tidal.types import Completion, Episode, Group, Outcome, Score, Task, VerifierSpec
 
 NAN = float("nan")
 
@@ -80,7 +85,7 @@ def test_rloo_by_hand() -> None:
     torch.testing.assert_close(ADVANTAGES["rloo"](REWARDS, MASK), expected)
 
 
-@pytest.mark.parametrize("name", sorted(ADVANTAGES))
+@pytest.mark.parametrize("name", sorted(GROUP_ADVANTAGES))
 def test_masked_samples_do_not_enter_the_baseline(name: str) -> None:
     """Changing an invalid sample's reward changes nothing; it always gets 0."""
     estimator = get_advantage(name)
@@ -122,17 +127,26 @@ def test_reinforce_pp_normalises_over_the_batch_not_the_group() -> None:
     torch.testing.assert_close(ADVANTAGES["grpo"](torch.tensor([[0.6, 0.4]]), mask[:1]), torch.tensor([[1.0, -1.0]]), atol=1e-4, rtol=0)
 
 
-def test_gae_is_a_placeholder_computed_by_the_trainer() -> None:
+def test_gae_is_the_estimator_and_declares_its_critic() -> None:
+    """`gae` is registered as the real per-token estimator, among those that need a value model;
+    the loop's `assign_advantages` leaves its advantages to the update and sets nothing."""
+    assert ADVANTAGES["gae"] is gae_advantages and set(CRITIC_ADVANTAGES) == {"gae"}
+    assert needs_critic("gae") and not any(needs_critic(name) for name in GROUP_ADVANTAGES)
+    assert set(ADVANTAGES) == set(GROUP_ADVANTAGES) | set(CRITIC_ADVANTAGES)
+    with pytest.raises(UnknownNameError):
+        needs_critic("ppo_gae_typo")
     episodes = [_episode("a", 0, 1.0), _episode("a", 1, 0.0)]
-    assign_advantages(episodes, "gae")
-    assert [e.advantage for e in episodes] == [0.0, 0.0]
+    for episode in episodes:
+        episode.advantage = 7.0  # a value assign_advantages must not touch for gae
+    assign_advantages([_group(0, episodes)], "gae")
+    assert [e.advantage for e in episodes] == [7.0, 7.0]
 
 
 def test_a_reward_set_on_the_episode_replaces_the_score() -> None:
     episodes = [_episode("a", 0, 1.0), _episode("a", 1, 0.0), _episode("a", 2, 0.0)]
     episodes[0].reward = 0.25  # e.g. normalised by the loop
     assert episode_reward(episodes[0]) == 0.25 and episode_reward(episodes[1]) == 0.0
-    assign_advantages(episodes, "dr_grpo")
+    assign_advantages([_group(0, episodes)], "dr_grpo")
     # rewards 0.25, 0, 0: mean 1/12
     assert [e.advantage for e in episodes] == pytest.approx([0.25 - 1 / 12, -1 / 12, -1 / 12])
     episodes[1].reward = float("nan")
@@ -155,15 +169,29 @@ def _episode(group: str, index: int, reward: float | None, outcome: Outcome = Ou
     return Episode(f"{group}/{index}", "t", "math", group, completion, score=score)
 
 
-def test_assign_advantages_groups_by_id_and_skips_invalid() -> None:
-    episodes = [
-        _episode("a", 0, 1.0),
-        _episode("b", 0, 0.0),
-        _episode("a", 1, 0.0),
-        _episode("a", 2, 0.0, Outcome.INFRA_ERROR),  # never a 0 to train on
-        _episode("b", 1, 1.0),
-        _episode("b", 2, None),  # not scored
-    ]
-    assign_advantages(episodes, "dr_grpo")
-    assert [e.advantage for e in episodes] == [0.5, -0.5, -0.5, 0.0, 0.5, 0.0]
-    assert all(math.isfinite(e.advantage) for e in episodes)
+def _group(position: int, episodes: list[Episode]) -> Group:
+    task = Task(id=f"t{position}", domain="math", prompt="1 + 1?", verifier=VerifierSpec(name="math", answer="2"))
+    return Group(task, position, episodes)
+
+
+def test_assign_advantages_within_each_group_and_skips_invalid() -> None:
+    a = [_episode("a", 0, 1.0), _episode("a", 1, 0.0), _episode("a", 2, 0.0, Outcome.INFRA_ERROR)]  # never a 0 to train on
+    b = [_episode("b", 0, 0.0), _episode("b", 1, 1.0), _episode("b", 2, None)]  # the last not scored
+    assign_advantages([_group(0, a), _group(1, b)], "dr_grpo")
+    assert [e.advantage for e in a] == [0.5, -0.5, 0.0]
+    assert [e.advantage for e in b] == [-0.5, 0.5, 0.0]
+    assert all(math.isfinite(e.advantage) for e in a + b)
+
+
+def test_ragged_groups_are_padded_with_invalid_samples() -> None:
+    """A group of 2 next to one of 4: the (G, n) rewards are padded with invalid samples, which
+    change no baseline."""
+    short = [_episode("s", 0, 1.0), _episode("s", 1, 0.0)]
+    long = [_episode("l", i, r) for i, r in enumerate([1.0, 1.0, 0.0, 0.0])]
+    rewards, mask = group_rewards([_group(0, short), _group(1, long)])
+    assert rewards.tolist() == [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]]
+    assert mask.tolist() == [[True, True, False, False], [True, True, True, True]]
+    assign_advantages([_group(0, short), _group(1, long)], "grpo")
+    assert [e.advantage for e in short] == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert [e.advantage for e in long] == pytest.approx([1.0, 1.0, -1.0, -1.0], abs=1e-5)
+    assign_advantages([], "grpo")  # nothing to do

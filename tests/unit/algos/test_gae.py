@@ -9,6 +9,7 @@ from tidal.algos.gae import (
     clipped_value_loss,
     explained_variance,
     gae,
+    gae_advantages,
     token_rewards,
     whiten,
 )
@@ -66,6 +67,21 @@ def test_token_rewards_put_the_reward_on_the_last_token_and_subtract_the_kl() ->
     expected_kl = expected - 0.5 * kl * mask  # the KL only on trained tokens
     torch.testing.assert_close(token_rewards(rewards, mask, kl, kl_coef=0.5), expected_kl)
     assert token_rewards(rewards, mask, kl, 0.5)[0].tolist() == pytest.approx([0.0, -0.1, 0.05, 0.8])
+
+
+def test_the_estimator_is_token_rewards_then_gae_then_whitening() -> None:
+    """`gae_advantages` (ADVANTAGES["gae"]): the sequence reward on the last trained token (minus
+    the per-token KL), GAE, then whitened advantages; the returns are not whitened."""
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]])
+    values = torch.tensor([[0.0, 0.6, 0.4, 0.8], [0.0, 0.2, -0.3, 0.0]])
+    rewards, kl = torch.tensor([1.0, 0.5]), torch.full((2, 4), 0.1)
+    advantages, returns = gae_advantages(rewards, values, mask, gamma=1.0, lam=0.95, kl=kl, kl_coef=0.5)
+    raw, expected_returns = gae(token_rewards(rewards, mask, kl, 0.5), values, mask, 1.0, 0.95)
+    torch.testing.assert_close(advantages, whiten(raw, mask))
+    torch.testing.assert_close(returns, expected_returns)
+    # The 1x4 example above, without a KL: the returns computed by hand.
+    _, plain = gae_advantages(rewards[:1], VALUES, torch.ones(1, 4), gamma=1.0, lam=0.95)
+    torch.testing.assert_close(plain, RETURNS)
 
 
 def test_whiten_over_the_masked_tokens_of_the_batch() -> None:

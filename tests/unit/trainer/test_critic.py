@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tidal.algos.gae import gae, token_rewards, whiten
+from tidal.algos.advantages import ADVANTAGES, CRITIC_ADVANTAGES
+from tidal.algos.gae import gae, gae_advantages, token_rewards, whiten
 from tidal.config.schema import AlgorithmConfig, TrainerConfig
 from tidal.errors import CheckpointError
 from tidal.trainer.checkpoint import MARKER
@@ -34,7 +35,7 @@ def _changed(before: dict[str, torch.Tensor], module: torch.nn.Module) -> bool:
 def _gae_batch(model: torch.nn.Module, seed: int, batch: int = 6):
     data = random_batch(model, batch=batch, seed=seed)
     data.rewards = torch.linspace(0.0, 1.0, batch)
-    data.advantages = torch.zeros(batch)  # the loop's placeholder for gae
+    data.advantages = torch.zeros(batch)  # not read for gae: the trainer computes per-token advantages
     return data
 
 
@@ -51,6 +52,21 @@ def test_values_see_only_the_tokens_before_their_position() -> None:
     torch.testing.assert_close(values[0, :3], changed[0, :3])  # token 2 changed: V_0..V_2 do not see it
     assert not torch.equal(values[0, 3], changed[0, 3])
     assert all(p.data_ptr() != q.data_ptr() for p, q in zip(value_model.backbone.parameters(), policy.model.parameters()))
+
+
+def test_a_value_model_is_built_for_the_estimators_that_declare_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer follows the declaration (`CRITIC_ADVANTAGES`), not the name: a group estimator
+    gets no value model, and gae registered under another name trains exactly as gae does."""
+    assert Trainer(build_model(seed=31), TRAINER_CFG, AlgorithmConfig(), "cpu", total_steps=10).critic is None
+    monkeypatch.setitem(CRITIC_ADVANTAGES, "gae_too", gae_advantages)
+    monkeypatch.setitem(ADVANTAGES, "gae_too", gae_advantages)
+    metrics = []
+    for name in ("gae", "gae_too"):
+        model = build_model(seed=31)
+        trainer = Trainer(model, TRAINER_CFG, GAE.model_copy(update={"advantage": name}), "cpu", total_steps=10)
+        assert trainer.critic is not None
+        metrics.append(trainer.rl_step(_gae_batch(model, seed=32)))
+    assert metrics[0] == metrics[1]
 
 
 def test_ppo_step_trains_policy_and_critic_with_the_gae_advantages() -> None:
