@@ -30,10 +30,13 @@ best runnable chunk, runs it (`chunk.run(worker)`), and comes back for the next,
   seconds (at most `max_backoff_s`), up to `retries` times; the worker it failed on is health-checked
   before it takes more work. Generation is idempotent (same seed, weights and ids), so a retried
   chunk gives what the first attempt would have. Any other error, or one retry too many, fails the job.
-- **Health checks.** Every `health_every_s` seconds each idle worker is checked (`check(index)`:
-  it answers, within a timeout, and still computes what the weights it holds should compute). A
-  worker that fails is replaced (`replace(index)`: a new worker in its slot) and counted; without
-  a replacement it takes no more work, and once no worker is left every job fails.
+- **Health checks.** Each worker is checked (`check(index)`: it answers, within a timeout, and
+  still computes what the weights it holds should compute) once after its first chunk, so even a
+  run shorter than `health_every_s` checks every worker that worked, and then whenever
+  `health_every_s` seconds have passed since its last check: while it is idle, by a monitor
+  thread, or, for a worker kept busy all along, between two chunks. A worker that fails is
+  replaced (`replace(index)`: a new worker in its slot, checked after its first chunk) and
+  counted; without a replacement it takes no more work, and once no worker is left every job fails.
 
 The scheduler only orders and dispatches: what a chunk does, and what a worker is, it does not
 know. `metrics()` gives its counters for the run's metrics (`scheduler/...`).
@@ -155,6 +158,10 @@ class Scheduler:
         self._checking: set[int] = set()  # workers being health-checked (they take no work meanwhile)
         self._suspect: set[int] = set()  # workers to check before they take more work
         self._lost: set[int] = set()  # workers that failed a check and could not be replaced
+        self.health_every_s = health_every_s if check is not None else 0.0  # 0: only after a failed chunk
+        began = time.monotonic()
+        self._next_check = [began + self.health_every_s] * len(workers)  # when each is due again
+        self._checked = [False] * len(workers)  # whether each slot's worker has been checked yet
         self._preempted: set[int] = set()  # ids of jobs preempted at least once (counted once per episode)
         self._closed = False
         self.counts: Counter[str] = Counter()
@@ -164,9 +171,8 @@ class Scheduler:
             threading.Thread(target=self._work, args=(i,), name=f"tidal-{name}-{i}", daemon=True)
             for i in range(len(workers))
         ]
-        if check is not None and health_every_s > 0:
-            self._threads.append(threading.Thread(target=self._monitor, args=(health_every_s,),
-                                                  name=f"tidal-{name}-health", daemon=True))
+        if self.health_every_s > 0:
+            self._threads.append(threading.Thread(target=self._monitor, name=f"tidal-{name}-health", daemon=True))
         for thread in self._threads:
             thread.start()
 
@@ -345,6 +351,11 @@ class Scheduler:
                 with self._cond:
                     self._busy[index], self._running[index] = None, None
                     self.busy_s[index] += time.perf_counter() - began
+                    now = time.monotonic()
+                    if not self._checked[index]:  # its first check comes after its first chunk
+                        self._next_check[index] = min(self._next_check[index], now)
+                    if self._due(index, now):  # checked now, before its next chunk
+                        self._suspect.add(index)
                     self._cond.notify_all()
             if index in self._suspect:
                 self._check_worker(index)
@@ -417,6 +428,8 @@ class Scheduler:
                 lost = True
         with self._cond:
             self._checking.discard(index)
+            self._checked[index] = replacement is None  # a replacement is checked after its first chunk
+            self._next_check[index] = time.monotonic() + self.health_every_s
             if not healthy:
                 self.counts["health_failures"] += 1
             if replacement is not None:
@@ -433,18 +446,28 @@ class Scheduler:
                     self._pending.clear()
             self._cond.notify_all()
 
-    def _monitor(self, every_s: float) -> None:
-        """Check each idle worker every `every_s` seconds."""
+    def _due(self, index: int, now: float) -> bool:
+        """Whether worker `index` is due a periodic health check (under the lock)."""
+        return self.health_every_s > 0 and not self._closed and index not in self._lost \
+            and now >= self._next_check[index]
+
+    def _monitor(self) -> None:
+        """Check each idle worker once it is due (`_due`); a busy one is checked by its own thread
+        after its chunk. Sleeps until the next idle worker is due, or a chunk ends."""
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._closed, timeout=every_s)
                 if self._closed:
                     return
+                now = time.monotonic()
                 idle = [i for i in range(len(self.workers))
                         if self._busy[i] is None and i not in self._lost and i not in self._checking]
-                for i in idle:  # claimed before the lock is let go, so no chunk starts on them
+                due = [i for i in idle if self._due(i, now)]
+                if not due:
+                    self._cond.wait(min([self.health_every_s, *(self._next_check[i] - now for i in idle)]))
+                    continue
+                for i in due:  # claimed before the lock is let go, so no chunk starts on them
                     self._suspect.add(i)
-            for i in idle:
+            for i in due:
                 with self._cond:
                     if self._busy[i] is not None or i not in self._suspect:
                         continue
