@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 from tidal.cli import app
 from tidal.pipeline import quickstart as qs
 from tidal.storage.query import run_query
-from tidal.storage.run import RunFolder, TrajectoryWriter
+from tidal.storage.run import RunFolder
 from tidal.storage.segments import CorruptSegmentWarning
 from tidal.storage.store import TrajectoryStore, existing_run_store
+from tidal.storage.trajectories import TrajectoryWriter
 from tidal.types import Completion, Episode, Outcome, Score
 
 runner = CliRunner()

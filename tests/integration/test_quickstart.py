@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from tidal.cli import app
 from tidal.pipeline import quickstart as qs
-from tidal.storage.run import RunFolder, TrajectoryWriter
+from tidal.storage.run import RunFolder
+from tidal.storage.trajectories import TrajectoryWriter
 
 runner = CliRunner()
 

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from tidal.agent.policy import Message, Turn
+from tidal.agent.protocol import Message, Turn
 from tidal.agent.render import answer_messages
 from tidal.agent.toolcall import (
     MAX_CALL_CHARS,

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from tidal.agent.policy import Message, Turn
+from tidal.agent.protocol import Message, Turn
 from tidal.agent.render import answer_messages, calls_offered, render_messages
 from tidal.agent.toolcall import parse_tool_calls
 from tidal.errors import ModelLoadError, PreemptedError

@@ -1,7 +1,7 @@
-"""Policies: what writes the agent's turns. A protocol, and the policies that need no model.
+"""Policies: what writes the agent's turns. The policies that need no model, and the factory.
 
-A `Policy` opens one `Conversation` per episode; the conversation generates a turn, is told the
-tool results, and generates the next. Three implementations:
+A `Policy` (protocol.py) opens one `Conversation` per episode; the conversation generates a turn,
+is told the tool results, and generates the next. Three implementations:
 
 - `LocalPolicy` (local.py): a checkpoint or the tiny model in-process through the EmbeddedEngine,
   token-in/token-out;
@@ -18,60 +18,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from tidal.agent.protocol import Conversation, Message, Policy, Turn
 from tidal.agent.render import answer_messages, calls_offered, render_messages
-from tidal.agent.toolcall import ParsedTurn, format_tool_call, parse_tool_calls
+from tidal.agent.toolcall import format_tool_call, parse_tool_calls
 from tidal.types import Task
 
-Message = dict[str, Any]
-
-
-@dataclass
-class Turn:
-    """One model turn. Token counts are the policy's own: exact for local models, the endpoint's
-    `usage` for APIs, characters for scripted turns."""
-
-    text: str
-    parsed: ParsedTurn
-    tokens_in: int  # context tokens the model read for this turn
-    tokens_out: int  # tokens it wrote
-    generation_s: float
-    finish_reason: str = "stop"  # stop | length | tool_calls
-    cpu_s: float = 0.0  # process CPU seconds spent generating (local models)
-    call_ids: list[str] = field(default_factory=list)  # endpoint tool-call ids, to answer each one
-
-
-class Conversation(Protocol):
-    """One episode's dialogue with the model."""
-
-    @property
-    def context_tokens(self) -> int:
-        """Tokens the next turn would read (its prompt)."""
-        ...
-
-    def generate(self, max_new_tokens: int) -> Turn: ...
-
-    def observe(self, turn: Turn, results: list[str]) -> None:
-        """The tool results for `turn`: one per call when it was valid, else one error message.
-        They go back as `render.answer_messages` says: tool messages for offered calls, else a
-        user message."""
-        ...
-
-    def trace(self) -> dict[str, Any]:
-        """The episode as the policy saw it: messages; token ids, mask and logprobs for local models."""
-        ...
-
-
-class Policy(Protocol):
-    name: str
-
-    def start(self, task: Task, messages: list[Message], tools: list[dict[str, Any]], seed: int = 0) -> Conversation:
-        """A new episode on `messages` (system, task, memory) with `tools` (OpenAI declarations),
-        which a text policy renders into the prompt with `render.render_messages` and an endpoint
-        sends as the request's `tools`; `seed` (e.g. the epoch) varies sampling between repeats."""
-        ...
+# The protocol is named here too, where the runner and the harness import it.
+__all__ = [
+    "Conversation",
+    "Message",
+    "OraclePolicy",
+    "Policy",
+    "ScriptedConversation",
+    "ScriptedPolicy",
+    "Turn",
+    "make_policy",
+    "oracle_turns",
+]
 
 
 # --------------------------------------------------------------------------------------- scripted

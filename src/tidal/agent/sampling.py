@@ -1,5 +1,6 @@
 """k episodes of each of many tasks on one embedded engine, run concurrently: what RL rollouts and
-the held-out evaluation of the agent domain need (the eval harness runs its own loop with resume)."""
+the held-out evaluation of the agent domain need (the eval harness runs its own loop with resume).
+`is_multi_turn` says which tasks are such episodes rather than one answer each."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from tidal.agent.local import LocalPolicy
 from tidal.agent.records import AgentResult
 from tidal.agent.runner import AgentConfig, run_episode
 from tidal.types import Task
+
+
+def is_multi_turn(task: Task) -> bool:
+    """Whether a task is an agent episode (tools, or more than one step) rather than one answer."""
+    return task.domain == "agent" or bool(task.tools) or task.max_steps > 1
 
 
 def sample_agent_results(

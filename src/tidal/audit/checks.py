@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from tidal.audit.context import AuditContext
 from tidal.audit.difficulty import check_difficulty
-from tidal.audit.duplicates import check_duplicates
 from tidal.audit.exploits import check_exploits
 from tidal.audit.impossible import check_impossible_variant
 from tidal.audit.leakage import check_leakage
@@ -28,6 +27,12 @@ from tidal.errors import UnknownNameError
 from tidal.types import Task
 
 CheckFunction = Callable[[Task, AuditContext, dict[str, Any]], list[Finding]]
+
+
+def check_duplicates(task: Task, ctx: AuditContext, measurements: dict[str, Any]) -> list[Finding]:
+    """Check 9 (duplicates.py): the task against every task audited before it. It is here, not in
+    duplicates.py, because the context holds the index, so duplicates.py sits below the context."""
+    return ctx.duplicates.check(task)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ import threading
 import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,9 +32,6 @@ from tidal import pyast
 from tidal.audit.code import reference_code
 from tidal.audit.records import Finding
 from tidal.types import Task
-
-if TYPE_CHECKING:
-    from tidal.audit.context import AuditContext
 
 CHECK = "duplicates"
 PERMUTATIONS = 64
@@ -181,6 +177,3 @@ class DuplicateIndex:
         return Finding(CHECK, severity, f"{what} of {other_id}, {where}",  # type: ignore[arg-type]
                        {"kind": kind, "duplicate_of": other_id, "similarity": round(score, 3), "across_splits": across})
 
-
-def check_duplicates(task: Task, ctx: AuditContext, measurements: dict[str, Any]) -> list[Finding]:
-    return ctx.duplicates.check(task)

@@ -99,7 +99,8 @@ class DomainConfig(Section):
                 raise ValueError("verifiers: the weights must not all be 0")
             if "task" not in names:
                 raise ValueError("verifiers: must include `task` (the task's own verifier decides pass/fail)")
-            from tidal.reward import known_verifiers  # lazy: the registry imports the verifiers
+            # lazy: the registry loads every verifier; not `tidal.reward`, whose scorer imports this module
+            from tidal.reward.registry import known_verifiers
 
             known = set(known_verifiers())
             unknown = [n for n in names if n != "task" and n not in known]

@@ -64,7 +64,7 @@ def evaluate_policy(
     """One record per task (in task order): pass rate, mean reward, outcome counts and two sample
     answers. Multi-turn (agent) tasks run as episodes (`max_new_tokens` per turn, `agent_*`: the
     sandbox backend, episodes at once, context budget) and are judged by their acceptance tests."""
-    from tidal.pipeline.agent_rollout import is_multi_turn
+    from tidal.agent.sampling import is_multi_turn
 
     single = [task for task in tasks if not is_multi_turn(task)]
     multi = [task for task in tasks if is_multi_turn(task)]

@@ -1,4 +1,5 @@
-"""The verifier registry: `@verifier("name")` records a scoring function under a name.
+"""The verifier registry: verifiers looked up by the name `@verifier("name")` recorded (in `base`);
+the first lookup loads the built-in verifiers, which register themselves on import.
 
 A verifier is `fn(task, answer, ctx) -> Score`. It reads its arguments from `task.verifier.args`
 (the task file records them, so a log can rebuild the call), returns a typed `Outcome`, and never
@@ -8,177 +9,71 @@ are wrong, is `Outcome.INFRA_ERROR`, which the gate drops instead of training on
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 from tidal.errors import UnknownNameError
-from tidal.types import Limits, Outcome, Score, Task
+from tidal.reward import base
+from tidal.reward.base import (
+    MAX_ANSWER_BYTES,
+    BatchVerifier,
+    SandboxSettings,
+    ScoringContext,
+    Verifier,
+    VerifierEntry,
+    check_answer,
+    decode_answer,
+    failed,
+    task_problem,
+    verifier,
+)
 
-if TYPE_CHECKING:
-    from tidal.config.schema import SandboxConfig
-    from tidal.sandbox.base import SandboxBackend
-
-MAX_ANSWER_BYTES = 64 * 1024  # longer answers fail without being looked at
-
-
-@dataclass
-class ScoringContext:
-    """What a verifier may use besides the task and the answer.
-
-    `backend` is a sandbox backend or its registered name; a name is turned into a backend on
-    first use, so verifiers that need no sandbox work on hosts without one. `timeout_s` and
-    `memory_mb` override every task's own limits when set (from `SandboxConfig`).
-    """
-
-    backend: str | SandboxBackend = "bwrap"
-    timeout_s: float | None = None
-    memory_mb: int | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
-    _backends: dict[str, SandboxBackend] = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    @classmethod
-    def from_config(cls, config: SandboxConfig) -> ScoringContext:
-        return cls(backend=config.backend, timeout_s=config.timeout_s, memory_mb=config.memory_mb)
-
-    def sandbox(self, image: str | None = None) -> SandboxBackend:
-        """The sandbox backend for environment image `image` (a task's `image`; None: the default
-        one); raises `SandboxUnavailableError` when it cannot work on this host or the image is
-        not built. A ready backend instance given to the context is used for every image."""
-        if not isinstance(self.backend, str):
-            return self.backend
-        from tidal.sandbox.image import DEFAULT_IMAGE
-
-        key = "" if image in (None, DEFAULT_IMAGE) or self.backend != "bwrap" else str(image)
-        with self._lock:
-            if key not in self._backends:
-                from tidal.sandbox import get_backend
-
-                self._backends[key] = get_backend(self.backend, **({"image": key} if key else {}))
-            return self._backends[key]
-
-    def limits(self, task: Task) -> Limits:
-        """The task's limits with this context's overrides applied."""
-        update: dict[str, float | int] = {}
-        if self.timeout_s is not None:
-            update["timeout_s"] = self.timeout_s
-        if self.memory_mb is not None:
-            update["memory_mb"] = self.memory_mb
-        return task.limits.model_copy(update=update) if update else task.limits
-
-
-Verifier = Callable[[Task, str, ScoringContext], Score]
-# Scores several answers to ONE task at once, in order; each score must equal the verifier's own.
-BatchVerifier = Callable[[Task, list[str], ScoringContext], list[Score]]
-
-
-@dataclass(frozen=True)
-class VerifierEntry:
-    name: str
-    function: Verifier
-    aliases: tuple[str, ...] = ()
-    batch: BatchVerifier | None = None
-
-    @property
-    def description(self) -> str:
-        doc = (self.function.__doc__ or "").strip()
-        return doc.splitlines()[0] if doc else ""
-
-
-_VERIFIERS: dict[str, VerifierEntry] = {}
-
-
-def verifier(
-    name: str, *, aliases: tuple[str, ...] = (), batch: BatchVerifier | None = None
-) -> Callable[[Verifier], Verifier]:
-    """Register `fn(task, answer, ctx) -> Score` as the verifier `name` (and its `aliases`).
-
-    `batch(task, answers, ctx) -> scores`, when given, scores several answers to one task in one
-    go (one sandbox instead of one each); `Scorer.score_many` uses it for groups of answers.
-    """
-
-    def decorate(function: Verifier) -> Verifier:
-        entry = VerifierEntry(name, function, tuple(aliases), batch)
-        for key in (name, *aliases):
-            existing = _VERIFIERS.get(key)
-            if existing is not None and existing.function is not function:
-                raise ValueError(f"verifier {key!r} is already registered by {existing.function.__module__}")
-            _VERIFIERS[key] = entry
-        return function
-
-    return decorate
+# The decorator, the context and the answer checks live in `base` (the verifiers import them
+# from there); they are named here too, where callers have always found them.
+__all__ = [
+    "MAX_ANSWER_BYTES",
+    "BatchVerifier",
+    "SandboxSettings",
+    "ScoringContext",
+    "Verifier",
+    "VerifierEntry",
+    "check_answer",
+    "decode_answer",
+    "failed",
+    "get_batch_verifier",
+    "get_verifier",
+    "known_verifiers",
+    "task_problem",
+    "verifier",
+    "verifier_entries",
+]
 
 
 def get_verifier(name: str) -> Verifier:
     """The verifier registered as `name`; `UnknownNameError` lists the known ones."""
     _load_builtins()
-    entry = _VERIFIERS.get(name)
+    entry = base._VERIFIERS.get(name)
     if entry is None:
-        raise UnknownNameError("verifier", name, list(_VERIFIERS))
+        raise UnknownNameError("verifier", name, list(base._VERIFIERS))
     return entry.function
 
 
 def get_batch_verifier(name: str) -> BatchVerifier | None:
     """The batch form of the verifier `name`, or None when it has none (or is unknown)."""
     _load_builtins()
-    entry = _VERIFIERS.get(name)
+    entry = base._VERIFIERS.get(name)
     return entry.batch if entry is not None else None
 
 
 def known_verifiers() -> set[str]:
     """Every registered verifier name, aliases included."""
     _load_builtins()
-    return set(_VERIFIERS)
+    return set(base._VERIFIERS)
 
 
 def verifier_entries() -> list[VerifierEntry]:
     """One entry per verifier (aliases folded in), for listings."""
     _load_builtins()
-    return sorted({id(e): e for e in _VERIFIERS.values()}.values(), key=lambda e: e.name)
+    return sorted({id(e): e for e in base._VERIFIERS.values()}.values(), key=lambda e: e.name)
 
 
 def _load_builtins() -> None:
     # The built-in verifiers register themselves on import.
     import tidal.reward.verifiers  # noqa: F401
-
-
-# ----------------------------------------------------------------------------- hostile answers
-
-
-def decode_answer(answer: str | bytes) -> str | Score:
-    """Bytes as UTF-8 text, or a failed `Score` saying why they cannot be an answer."""
-    if isinstance(answer, str):
-        return answer
-    if len(answer) > MAX_ANSWER_BYTES:
-        return failed(f"answer is {len(answer)} bytes, over the {MAX_ANSWER_BYTES // 1024} KiB cap")
-    try:
-        return answer.decode("utf-8")
-    except UnicodeDecodeError as error:
-        return failed(f"answer is not valid UTF-8 (byte {error.start})")
-
-
-def check_answer(answer: str) -> Score | None:
-    """A failed `Score` for answers no verifier should look at (empty, too big, binary), else None."""
-    if not isinstance(answer, str):
-        return failed(f"answer is a {type(answer).__name__}, not text")
-    try:
-        size = len(answer.encode("utf-8"))
-    except UnicodeEncodeError as error:
-        return failed(f"answer is not valid text (unpaired surrogate at character {error.start})")
-    if size > MAX_ANSWER_BYTES:
-        return failed(f"answer is {size} bytes, over the {MAX_ANSWER_BYTES // 1024} KiB cap")
-    if "\0" in answer:
-        return failed("answer contains NUL bytes")
-    if not answer.strip():
-        return failed("empty answer")
-    return None
-
-
-def failed(detail: str, **components: float) -> Score:
-    return Score(0.0, Outcome.FAILED, dict(components), detail)
-
-
-def task_problem(task: Task, detail: str) -> Score:
-    """A task whose verifier arguments are wrong: not the answer's fault, so never a training 0."""
-    return Score(0.0, Outcome.INFRA_ERROR, {}, f"task {task.id}: verifier {task.verifier.name}: {detail}")

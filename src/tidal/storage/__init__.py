@@ -6,11 +6,11 @@ from typing import Any
 
 from tidal.storage.run import (
     RunFolder,
-    TrajectoryWriter,
     atomic_writer,
     read_jsonl,
     write_jsonl_atomic,
 )
+from tidal.storage.trajectories import TrajectoryWriter
 
 _LAZY = {"TrajectoryStore": "tidal.storage.store", "open_run_store": "tidal.storage.store", "run_query": "tidal.storage.query"}
 

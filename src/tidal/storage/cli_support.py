@@ -12,12 +12,13 @@ from rich.panel import Panel
 from rich.table import Table
 
 from tidal.errors import StoreError
-from tidal.storage.run import MARKER, RunFolder, TrajectoryWriter, dumps
+from tidal.storage.run import MARKER, RunFolder, dumps
 from tidal.storage.store import (
     TrajectoryStore,
     configured_store_url,
     existing_run_store,
 )
+from tidal.storage.trajectories import TrajectoryWriter
 
 
 def resolve_store(target: str, *, strict: bool = True) -> TrajectoryStore:

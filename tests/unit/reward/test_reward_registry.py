@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from tidal.errors import SandboxUnavailableError, UnknownNameError
-from tidal.reward import ScoringContext, get_verifier, known_verifiers, verifier
-from tidal.reward import registry
+from tidal.reward import ScoringContext, base, get_verifier, known_verifiers, verifier
 from tidal.reward.registry import check_answer, decode_answer
 from tidal.types import Outcome, Score, Task
 
@@ -26,7 +25,7 @@ def test_unknown_verifier_lists_the_known_ones() -> None:
 
 
 def test_register_a_verifier(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "_VERIFIERS", dict(registry._VERIFIERS))
+    monkeypatch.setattr(base, "_VERIFIERS", dict(base._VERIFIERS))
 
     @verifier("always_half", aliases=("half",))
     def always_half(task: Task, answer: str, ctx: ScoringContext) -> Score:

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from tidal.config.schema import RewardConfig, SandboxConfig
-from tidal.reward import Scorer, ScoringContext, registry, score_answer, verifier
+from tidal.reward import Scorer, ScoringContext, base, registry, score_answer, verifier
 from tidal.sandbox.pool import SandboxPool
 from tidal.types import Outcome, Score, Task
 
@@ -16,7 +16,7 @@ from tidal.types import Outcome, Score, Task
 @pytest.fixture
 def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     registry._load_builtins()
-    monkeypatch.setattr(registry, "_VERIFIERS", dict(registry._VERIFIERS))
+    monkeypatch.setattr(base, "_VERIFIERS", dict(base._VERIFIERS))
 
 
 def knowledge_task(task_id: str = "k/1", answer: str = "Paris") -> Task:

@@ -10,10 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from tidal.errors import ExactlyOnceError, StoreError
-from tidal.storage.run import RunFolder, TrajectoryWriter
+from tidal.storage.run import RunFolder
 from tidal.storage.schema import LEDGER, SCHEMA_VERSION, TRAJECTORIES
 from tidal.storage.store import TrajectoryStore, open_run_store
 from tidal.storage.store import store_url as run_store_url
+from tidal.storage.trajectories import TrajectoryWriter
 
 
 def test_round_trip_keeps_every_field(store_url: str, make_step, tasks) -> None:

@@ -15,7 +15,7 @@ was killed by another signal), passed, failed (it does not compile, or the answe
 from __future__ import annotations
 
 from tidal.errors import SandboxUnavailableError, TaskFormatError
-from tidal.reward.registry import ScoringContext, verifier
+from tidal.reward.base import ScoringContext, verifier
 from tidal.reward.verifiers.io_harness import (
     SOURCE_FILES,
     bool_arg,

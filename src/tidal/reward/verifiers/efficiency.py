@@ -30,7 +30,7 @@ import statistics
 from typing import Any
 
 from tidal.errors import TaskFormatError
-from tidal.reward.registry import ScoringContext, task_problem, verifier
+from tidal.reward.base import ScoringContext, task_problem, verifier
 from tidal.reward.verifiers.io_harness import (
     SOURCE_FILES,
     Case,

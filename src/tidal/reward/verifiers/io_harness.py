@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.errors import SandboxUnavailableError, TaskFormatError
-from tidal.reward.registry import ScoringContext, check_answer, failed, task_problem
+from tidal.reward.base import ScoringContext, check_answer, failed, task_problem
 from tidal.reward.verifiers.python_tests import FENCE, Report
 from tidal.sandbox.base import SandboxResult
 from tidal.types import Outcome, Score, Task

@@ -17,7 +17,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from tidal.reward.registry import ScoringContext, check_answer, failed, task_problem, verifier
+from tidal.reward.base import ScoringContext, check_answer, failed, task_problem, verifier
 from tidal.types import Outcome, Score, Task
 
 MAX_EXPRESSION_CHARS = 200

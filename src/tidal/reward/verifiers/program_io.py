@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidal.errors import TaskFormatError
-from tidal.reward.registry import ScoringContext, verifier
+from tidal.reward.base import ScoringContext, verifier
 from tidal.reward.verifiers.io_harness import (
     SOURCE_FILES,
     Case,

@@ -51,7 +51,7 @@ from typing import Any
 
 from tidal import pyast
 from tidal.errors import SandboxUnavailableError
-from tidal.reward.registry import (
+from tidal.reward.base import (
     ScoringContext,
     check_answer,
     failed,

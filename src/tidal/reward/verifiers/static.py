@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tidal.errors import SandboxUnavailableError, TaskFormatError
-from tidal.reward.registry import ScoringContext, verifier
+from tidal.reward.base import ScoringContext, verifier
 from tidal.reward.verifiers.io_harness import (
     BOOT,
     HARNESS_FILES,

@@ -6,7 +6,7 @@ import re
 import unicodedata
 from typing import Any
 
-from tidal.reward.registry import ScoringContext, check_answer, failed, task_problem, verifier
+from tidal.reward.base import ScoringContext, check_answer, failed, task_problem, verifier
 from tidal.types import Outcome, Score, Task
 
 QUOTES = "\"'`\u2018\u2019\u201c\u201d\u00ab\u00bb"
