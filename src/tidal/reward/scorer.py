@@ -3,7 +3,7 @@
 Scoring threads mostly wait on sandbox subprocesses, so a thread pool of `sandbox.workers` is
 enough to keep that many sandboxes busy. `score_many` hands the answers to one task to the
 verifier's batch form when it has one (python_tests: forked children of a warm zygote, not one
-sandbox per answer). A backend that can keep zygotes warm (bwrap) is wrapped in a `SandboxPool` of
+sandbox per answer). A `ZygoteBackend` (bwrap) is wrapped in a `SandboxPool` of
 `sandbox.workers` zygotes that lives as long as the scorer (or until idle), so RL steps after the
 first find pytest already imported; `close` (or leaving a `with` block) shuts it down.
 """
@@ -28,6 +28,7 @@ from tidal.reward.registry import (
     get_verifier,
 )
 from tidal.sandbox.base import SandboxBackend
+from tidal.sandbox.batch import ZygoteBackend
 from tidal.sandbox.pool import SandboxPool
 from tidal.types import Outcome, Score, Task
 
@@ -157,29 +158,34 @@ class Scorer:
 
 @dataclass
 class PooledContext(ScoringContext):
-    """A scoring context that hands out each sandbox backend able to keep zygotes warm wrapped in
-    a `SandboxPool` of `pool_size` zygotes, the same pool every time; other backends as they are."""
+    """A scoring context that hands out each `ZygoteBackend` wrapped in a `SandboxPool` of
+    `pool_size` zygotes, the same pool every time; other backends as they are."""
 
     pool_size: int = 2
-    _pools: dict[int, SandboxPool] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # Backend id -> what to hand out for it (its pool, or itself), decided on its first use. Each
+    # value holds its backend, so an id here cannot be reused by another backend.
+    _handed: dict[int, SandboxBackend] = field(default_factory=dict, init=False, repr=False, compare=False)
     _pool_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def sandbox(self, image: str | None = None) -> SandboxBackend:
         backend = super().sandbox(image)
-        if not hasattr(backend, "open_zygote"):
-            return backend
+        handed = self._handed.get(id(backend))  # no lock and no protocol check once decided
+        if handed is not None:
+            return handed
         with self._pool_lock:
-            pool = self._pools.get(id(backend))
-            if pool is None:
-                pool = self._pools[id(backend)] = SandboxPool(backend, self.pool_size)
-            return pool
+            handed = self._handed.get(id(backend))
+            if handed is None:
+                handed = SandboxPool(backend, self.pool_size) if isinstance(backend, ZygoteBackend) else backend
+                self._handed[id(backend)] = handed
+            return handed
 
     def close(self) -> None:
         """Close every pool handed out; later calls get new ones."""
         with self._pool_lock:
-            pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            pool.close()
+            handed, self._handed = list(self._handed.values()), {}
+        for backend in handed:
+            if isinstance(backend, SandboxPool):
+                backend.close()
 
 
 @dataclass

@@ -11,10 +11,12 @@ from tidal.sandbox.base import (
     SandboxBackend,
     SandboxResult,
     SandboxStatus,
+    SessionBackend,
     get_backend,
     known_backends,
     register_backend,
 )
+from tidal.sandbox.batch import ZygoteBackend
 from tidal.sandbox.bwrap import BwrapBackend
 from tidal.sandbox.local import UnsafeLocalBackend
 from tidal.sandbox.pool import SandboxPool
@@ -29,8 +31,10 @@ __all__ = [
     "SandboxResult",
     "SandboxSession",
     "SandboxStatus",
+    "SessionBackend",
     "Snapshot",
     "UnsafeLocalBackend",
+    "ZygoteBackend",
     "get_backend",
     "known_backends",
     "open_session",

@@ -155,6 +155,26 @@ class BatchBackend(SandboxBackend, Protocol):
     ) -> list[SandboxResult | None]: ...
 
 
+@runtime_checkable
+class SessionBackend(SandboxBackend, Protocol):
+    """A backend that also runs commands over a workspace that outlives them (session.py).
+
+    `run_in` runs `argv` as `run` does, over the existing `run_dir/workspace` (kept afterwards)
+    and the read-only `run_dir/harness`; `prepare_workspace` and `release_workspace` bracket a
+    workspace's life (bwrap: a size-limited tmpfs on root hosts); files the host writes into it
+    are given to `workspace_owner` (uid, gid), when not None."""
+
+    @property
+    def workspace_owner(self) -> tuple[int, int] | None: ...
+
+    def prepare_workspace(self, workspace: Path, limits: Limits) -> None: ...
+
+    def release_workspace(self, workspace: Path) -> None: ...
+
+    def run_in(self, run_dir: Path, argv: list[str], limits: Limits, env: dict[str, str] | None = None,
+               *, report_input: bytes | None = None) -> SandboxResult: ...
+
+
 def split_module_argv(argv: list[str], python: str) -> tuple[list[str], str, list[str]]:
     """`[python, *flags, "-m", module, *args]` as (flags, module, args); ValueError otherwise."""
     if not argv or argv[0] != python or "-m" not in argv:

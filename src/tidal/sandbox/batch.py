@@ -25,10 +25,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from tidal.sandbox.base import (
     BatchJob,
+    SandboxBackend,
     SandboxResult,
     chown_tree,
     classify,
@@ -105,6 +106,23 @@ class ZygoteJob(BatchJob):
 
     template: Template | None = None
     companion: Companion | None = None
+
+
+@runtime_checkable
+class ZygoteBackend(SandboxBackend, Protocol):
+    """A backend that can start a zygote (zygote.py) which outlives one batch: what a `SandboxPool`
+    needs, so the scorer wraps every such backend in one. `open_zygote` starts a sandbox whose
+    command is the zygote, for jobs run with the interpreter `flags` and at most `limits`, and
+    raises `SandboxUnavailableError` when it does not start; the caller closes it."""
+
+    def open_zygote(
+        self,
+        flags: Sequence[str],
+        limits: Limits,
+        *,
+        harness_files: dict[str, str | bytes] | None = None,
+        preload: Sequence[str] = (),
+    ) -> Zygote: ...
 
 
 def batch_flags(jobs: Sequence[BatchJob], python: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
@@ -203,7 +221,8 @@ class BatchDriver:
 
     def _run_job(self, index: int, job: BatchJob, module: str, args: list[str]) -> SandboxResult:
         layout = self.layout
-        template = getattr(job, "template", None) if self.forks and job.report_input is not None else None
+        zygote_job = job if isinstance(job, ZygoteJob) else None
+        template = zygote_job.template if zygote_job is not None and self.forks and job.report_input is not None else None
         if template is not None and template.key != self.template and template.key not in self.unusable:
             self._open_template(job, template, module, args)
         templated = template is not None and template.key == self.template
@@ -218,13 +237,24 @@ class BatchDriver:
         }
         if templated:
             message["template"] = self.template
-        companion = getattr(job, "companion", None) if self.companions else None
+        companion = zygote_job.companion if zygote_job is not None and self.companions else None
         if companion is not None:
             message["companion"] = {"call": companion.call, "env_drop": list(companion.env_drop)}
+        stdout, stderr, report = Capped(layout.output_cap), Capped(layout.output_cap), Capped(layout.report_cap)
+        done, elapsed = self._exchange(index, job, message, stdout, stderr, report)
+        result = self._result(index, job, done, elapsed, stdout, stderr, report)
+        if job.after is not None:
+            result.after_value = job.after(folder)  # every process of the job is gone (the zygote swept)
+        remove_tree(folder)
+        return result
+
+    def _exchange(self, index: int, job: BatchJob, message: dict[str, Any], stdout: Capped, stderr: Capped,
+                  report: Capped) -> tuple[dict[str, Any], float]:
+        """Send job `index`'s `message` with its fresh stdout, stderr and report channel, read them
+        into the sinks until the zygote says it is done; that message and the host's elapsed time."""
         out_read, out_write = _pipe()
         err_read, err_write = _pipe()
         ours, theirs = socket.socketpair() if job.report_input is not None else (None, None)
-        stdout, stderr, report = Capped(layout.output_cap), Capped(layout.output_cap), Capped(layout.report_cap)
         streams = {out_read: stdout, err_read: stderr}
         started = time.monotonic()
         try:
@@ -249,7 +279,11 @@ class BatchDriver:
                 os.close(fd)
             if ours is not None:
                 ours.close()
-        elapsed = time.monotonic() - started
+        return done, time.monotonic() - started
+
+    def _result(self, index: int, job: BatchJob, done: dict[str, Any], elapsed: float, stdout: Capped,
+                stderr: Capped, report: Capped) -> SandboxResult:
+        """Job `index`'s result from the zygote's `done` message; ZygoteLost when that does not add up."""
         if done.get("event") != "done":
             raise ZygoteLost(f"job {index}: unexpected message {done}")
         self._held(done)
@@ -262,10 +296,10 @@ class BatchDriver:
         if timed_out:
             exit_code, sig = None, signal.SIGKILL
         else:
-            exit_code, sig = layout.exit_status(done.get("exit_code"), done.get("signal"))
+            exit_code, sig = self.layout.exit_status(done.get("exit_code"), done.get("signal"))
         stderr_bytes = bytes(stderr.data)
         status, detail = classify(timed_out, exit_code, sig, stderr_bytes)
-        result = SandboxResult(
+        return SandboxResult(
             status=status,
             exit_code=exit_code,
             signal=sig,
@@ -280,10 +314,6 @@ class BatchDriver:
             cpu_s=_number(done.get("cpu_s")),
             max_rss_mb=_number(done.get("max_rss_mb")),
         )
-        if job.after is not None:
-            result.after_value = job.after(folder)  # every process of the job is gone (the zygote swept)
-        remove_tree(folder)
-        return result
 
     def _held(self, message: dict[str, Any]) -> None:
         """What the zygote says it holds after a job: a template it dropped is gone."""

@@ -30,6 +30,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from tidal.errors import SandboxUnavailableError
 from tidal.sandbox.base import (
@@ -68,7 +69,7 @@ from tidal.sandbox.cgroup import Cgroup, Cgroups
 from tidal.sandbox.image import DEFAULT_IMAGE
 from tidal.sandbox.leftovers import make_run_dir
 from tidal.sandbox.mounts import image_mounts, parent_dirs, system_args
-from tidal.sandbox.process import supervise
+from tidal.sandbox.process import ProcessRun, supervise
 from tidal.sandbox.seccomp import build_filter, filter_fd
 from tidal.sandbox.workspace_fs import is_mount, mount_tmpfs, unmount
 from tidal.types import Limits
@@ -95,6 +96,31 @@ def _exit_and_signal(returncode: int) -> tuple[int | None, int | None]:
     if returncode > 128:
         return None, returncode - 128
     return returncode, None
+
+
+def _usage(run: ProcessRun, group: Cgroup | None) -> tuple[float | None, float | None, bool]:
+    """(cpu_s, max_rss_mb, killed at the memory limit) of a run, from its cgroup when it had one."""
+    if group is not None:
+        cpu_s = group.cpu_s()
+        # wait4's figure is polluted (below); the cgroup's peak is the sandbox's own memory.
+        return (cpu_s if cpu_s is not None else run.cpu_s), group.peak_mb(), group.oom_killed()
+    if run.max_rss_mb is not None and run.max_rss_mb <= _own_peak_mb():
+        # Linux carries a process's peak RSS across fork and exec, so bwrap, started from
+        # this (maybe large) process, reports at least our peak: no figure beats a wrong one.
+        return run.cpu_s, None, False
+    return run.cpu_s, run.max_rss_mb, False
+
+
+def _raise_not_started(run: ProcessRun, limits: Limits) -> NoReturn:
+    """Why a run whose start marker never came is the sandbox's failure, not the command's."""
+    if run.timed_out and not run.stdout.data:
+        raise SandboxUnavailableError(
+            f"the sandbox did not start within {limits.timeout_s:g}s: {run.stderr.data[-2000:].decode(errors='replace')}"
+        )
+    raise SandboxUnavailableError(
+        "bwrap could not set up the sandbox (exit code "
+        f"{run.returncode}): {run.stderr.data[-2000:].decode(errors='replace').strip()}"
+    )
 
 
 @register_backend("bwrap")
@@ -315,33 +341,22 @@ class BwrapBackend:
                     report_socket=parent_socket,
                     report_input=report_input,
                 )
-            cpu_s, max_rss_mb, oom = run.cpu_s, run.max_rss_mb, False
-            if group is not None:
-                cpu_s = group.cpu_s() if group.cpu_s() is not None else cpu_s
-                # wait4's figure is polluted (below); the cgroup's peak is the sandbox's own memory.
-                max_rss_mb = group.peak_mb()
-                oom = group.oom_killed()
-            elif max_rss_mb is not None and max_rss_mb <= _own_peak_mb():
-                # Linux carries a process's peak RSS across fork and exec, so bwrap, started from
-                # this (maybe large) process, reports at least our peak: no figure beats a wrong one.
-                max_rss_mb = None
+            usage = _usage(run, group)
         finally:
             for end in (child_socket, parent_socket):
                 if end is not None:
                     end.close()
             if group is not None:
                 group.remove()
+        return self._result(run, marker, limits, *usage)
 
+    def _result(self, run: ProcessRun, marker: str, limits: Limits, cpu_s: float | None,
+                max_rss_mb: float | None, oom: bool) -> SandboxResult:
+        """The `SandboxResult` of a supervised run whose stdout starts with `marker`;
+        `SandboxUnavailableError` when it does not (bwrap failed before the command started)."""
         stdout = bytes(run.stdout.data)
         if not stdout.startswith(marker.encode()):
-            if run.timed_out and not stdout:
-                raise SandboxUnavailableError(
-                    f"the sandbox did not start within {limits.timeout_s:g}s: {run.stderr.data[-2000:].decode(errors='replace')}"
-                )
-            raise SandboxUnavailableError(
-                "bwrap could not set up the sandbox (exit code "
-                f"{run.returncode}): {run.stderr.data[-2000:].decode(errors='replace').strip()}"
-            )
+            _raise_not_started(run, limits)
         stdout = stdout[len(marker):]
         stdout_truncated = run.stdout.total - len(marker) > self.output_cap
         stdout = stdout[: self.output_cap]

@@ -1,22 +1,16 @@
 """Per-sandbox control groups: resident memory, process count and CPU share, where the host allows.
 
-rlimits bound each process on its own (address space, CPU seconds, processes of one uid); a
-cgroup bounds the sandbox as a whole: resident memory of every process plus the tmpfs pages they
-write (`/tmp` is memory), threads as well as processes, and CPU bandwidth (a sandbox gets
-`Limits.cpus` cores' worth of time however many processes it starts). It also measures the tree:
-CPU time and peak memory, including processes that were killed rather than reaped.
-
-Both layouts are supported:
-- **v2** (unified): one folder with `memory.max`, `memory.swap.max`, `pids.max`, `cpu.max`;
-  the sandbox folder is created next to tidal's own cgroup's children, so the "no internal
-  processes" rule does not bite. Controllers must be enabled in the parent's subtree_control.
-- **v1**: one folder per controller hierarchy (`memory`, `pids`, `cpu`, `cpuacct`), found in
-  /proc/self/mountinfo, each under the cgroup tidal itself runs in there.
-
-A controller the host lacks or will not let us write is skipped and named in `Cgroup.missing`;
-with none usable, `Cgroups.create` returns None and the sandbox runs on rlimits alone
-(`SandboxResult.detail` says so once per backend). Creating cgroups needs root or a delegated
-subtree; bwrap.py uses them when tidal runs as root.
+rlimits bound each process on its own; a cgroup bounds the sandbox as a whole: resident memory of
+every process plus the tmpfs pages they write (`/tmp` is memory), threads as well as processes,
+and CPU bandwidth (`Limits.cpus` cores' worth however many processes it starts). It also measures
+the tree: CPU time and peak memory, including processes killed rather than reaped. Both layouts:
+v2 (one folder with `memory.max`, `memory.swap.max`, `pids.max`, `cpu.max`, created next to
+tidal's own cgroup's children so the "no internal processes" rule does not bite; the controllers
+must be enabled in the parent's subtree_control) and v1 (one folder per controller hierarchy,
+found in /proc/self/mountinfo, under the cgroup tidal runs in). A controller the host lacks or
+will not let us write is skipped and named in `Cgroup.missing`; with none usable, `Cgroups.create`
+returns None and the sandbox runs on rlimits alone (`SandboxResult.detail` says so). Creating
+cgroups needs root or a delegated subtree; bwrap.py uses them when tidal runs as root.
 """
 
 from __future__ import annotations

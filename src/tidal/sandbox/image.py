@@ -1,22 +1,16 @@
 """Environment images: a named, content-hashed Python tree that sandboxes mount read-only as root.
 
-An image is a folder `<root>/<name>-<hash>/` with
-- `python/`: a copy of an interpreter installation (`bin/python3.X`, the standard library,
-  `libpython` when the interpreter links to it), without its site-packages, test suite, IDLE,
-  tkinter or ensurepip, so what a sandbox can import is exactly the image's;
-- `site/`: the pinned packages and their dependencies;
-- `manifest.json`: the spec, the hash, the resolved package versions, the interpreter's full
-  version, the machine, and a digest of every file (`verify_image` recomputes it).
-
-The hash covers the spec (name, Python version, sorted pins, environment), the interpreter's full
-version and the machine, so changing any of them builds a new image next to the old one; the
-same spec on the same host finds the image already built. Builds are atomic (a temporary folder
-renamed into place; a concurrent build of the same image wins or loses the rename, never mixes).
-
-Packages are copied from this environment when it has exactly the pinned version installed
-(offline and fast; that is how the default `python3` image, pinned to the installed pytest, is
-built), and otherwise installed with `pip install --target` from the configured index.
-Only the running interpreter's major.minor version can be imaged: the spec must name it.
+An image is a folder `<root>/<name>-<hash>/` with `python/` (a copy of an interpreter installation
+without its site-packages, test suite, IDLE, tkinter or ensurepip, so what a sandbox can import is
+exactly the image's), `site/` (the pinned packages and their dependencies) and `manifest.json`
+(the spec, hash, resolved versions, interpreter version, machine, and a digest of every file, which
+`verify_image` recomputes). The hash covers the spec, the interpreter's full version and the
+machine, so changing any of them builds a new image next to the old one. Builds are atomic (a
+temporary folder renamed into place: a concurrent build of the same image wins or loses the
+rename, never mixes). Packages are copied from this environment when it has exactly the pinned
+version installed (offline; that is how the default `python3` image, pinned to the installed
+pytest, is built), else installed with `pip install --target`. Only the running interpreter's
+major.minor version can be imaged: the spec must name it.
 """
 
 from __future__ import annotations
@@ -269,7 +263,7 @@ def _install_packages(spec: ImageSpec, site: Path) -> None:
 def _compile(work: Path) -> None:
     """Byte-compile the packages (and any stdlib module without a cached .pyc) as they will be
     seen inside the sandbox: the image is read-only there and runs with -B, so a module without a
-    .pyc would be compiled again by every process that imports it (pytest alone: ~0.4 s)."""
+    .pyc would be compiled again by every process that imports it."""
     import compileall
 
     targets = [(work / "site", "/opt/tidal/site")]

@@ -1,21 +1,16 @@
 """What a killed run leaves behind, and the sweep that removes it.
 
-A sandbox's run folder (`tidal-sandbox-*` for one run, `tidal-batch-*` for a zygote,
-`tidal-unsafe-*`, and a session store `tidal-sessions-*`) is deleted by the process that made it
-when the run, pool or session closes. A process killed outright (SIGKILL, the OOM killer) cannot
-do that: its folders stay in the temporary folder, and on root hosts each still holds its
-workspace's tmpfs mount (workspace_fs.py), whose memory is not given back until the mount goes.
-bwrap's `--die-with-parent` ends the sandboxes themselves; a bwrap killed while it was starting
-can outlive its parent, waiting on a child that will never answer.
-
-So each run folder holds an owner file: the pid of the process that made it, that process's start
-time (a reused pid does not pass for it), its pid namespace and the boot it ran in. `sweep(folder)`
-deletes the run folders whose owner is gone: it first kills the bwrap processes still started
-with the folder among their arguments, then detaches every mount under it. A folder is left alone
-when its owner lives, when its owner file is missing or unreadable (made before owner files, or
-its owner died between making it and writing the file), and when its owner ran in another pid
-namespace of this boot (a container sharing the folder: its pids mean nothing here). The first
-run folder a process makes in a folder sweeps that folder (`make_run_dir`).
+A run folder (`tidal-sandbox-*`, `tidal-batch-*` for a zygote, `tidal-unsafe-*`, a session store
+`tidal-sessions-*`) is deleted by the process that made it when the run, pool or session closes.
+A process killed outright cannot: its folders stay, on root hosts each still holding its
+workspace's tmpfs mount (whose memory is not given back until the mount goes), and a bwrap killed
+while it was starting can outlive its parent. So each run folder holds an owner file (pid, its
+start time, so a reused pid does not pass for it, its pid namespace and boot). `sweep(folder)`
+deletes the run folders whose owner is gone: first it kills the bwrap processes started with the
+folder among their arguments, then detaches every mount under it. A folder is left alone when its
+owner lives, when its owner file is missing or unreadable, and when its owner ran in another pid
+namespace of this boot (a container sharing the folder: its pids mean nothing here). The first run
+folder a process makes in a folder sweeps that folder (`make_run_dir`).
 """
 
 from __future__ import annotations

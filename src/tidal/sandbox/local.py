@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tidal.sandbox.base import (
@@ -35,7 +36,7 @@ from tidal.sandbox.base import (
     write_tree,
 )
 from tidal.sandbox.leftovers import make_run_dir
-from tidal.sandbox.process import supervise
+from tidal.sandbox.process import ProcessRun, supervise
 from tidal.types import Limits
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,13 @@ class UnsafeLocalBackend:
         finally:
             remove_tree(run_dir)
 
-    workspace_owner = None
+    workspace_owner = None  # the workspace stays this user's
+
+    def prepare_workspace(self, workspace: Path, limits: Limits) -> None:
+        """Nothing to do: the workspace is a plain folder (no disk limit without a tmpfs)."""
+
+    def release_workspace(self, workspace: Path) -> None:
+        """Nothing to do (see `prepare_workspace`)."""
 
     def run_in(self, run_dir: Path, argv: list[str], limits: Limits, env: dict[str, str] | None = None,
                *, report_input: bytes | None = None) -> SandboxResult:
@@ -114,26 +121,8 @@ class UnsafeLocalBackend:
         parent_socket = child_socket = None
         if report_input is not None:
             parent_socket, child_socket = socket.socketpair()
-        inner = dict(BASE_ENV)
-        inner["PATH"] = f"{os.path.dirname(self.python)}:/usr/local/bin:/usr/bin:/bin"
-        inner["HOME"] = str(workspace)
-        inner["PYTHONPATH"] = str(harness)
-        inner[HARNESS_ENV] = str(harness)
-        if child_socket is not None:
-            inner[REPORT_FD_ENV] = str(child_socket.fileno())
-        inner.update(env or {})
-        cpu = max(1, math.ceil(limits.timeout_s))
-        memory = limits.memory_mb * 1024 * 1024
-        file_size = self.file_size_mb * 1024 * 1024
-        open_files = self.open_files
-
-        def set_limits() -> None:
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
-            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
+        inner = self._env(workspace, harness, env, child_socket)
+        set_limits = self._rlimits(limits)
         started = time.monotonic()
         try:
             process = subprocess.Popen(
@@ -180,22 +169,56 @@ class UnsafeLocalBackend:
                     stream.close()
             if parent_socket is not None:
                 parent_socket.close()
-        stderr = bytes(run.stderr.data)
-        if run.timed_out:
-            exit_code, sig = None, signal.SIGKILL
-        else:
-            exit_code, sig = (None, -run.returncode) if run.returncode < 0 else (run.returncode, None)
-        status, detail = classify(run.timed_out, exit_code, sig, stderr)
-        return SandboxResult(
-            status=status,
-            exit_code=exit_code,
-            signal=sig,
-            stdout=bytes(run.stdout.data),
-            stderr=stderr,
-            stdout_truncated=run.stdout.truncated,
-            stderr_truncated=run.stderr.truncated,
-            wall_s=run.wall_s,
-            report=bytes(run.report.data),
-            report_truncated=run.report.truncated,
-            detail=detail,
-        )
+        return _result(run)
+
+    def _env(self, workspace: Path, harness: Path, env: dict[str, str] | None,
+             child_socket: socket.socket | None) -> dict[str, str]:
+        """The command's whole environment: the scrubbed base, the harness's variables, then `env`."""
+        inner = dict(BASE_ENV)
+        inner["PATH"] = f"{os.path.dirname(self.python)}:/usr/local/bin:/usr/bin:/bin"
+        inner["HOME"] = str(workspace)
+        inner["PYTHONPATH"] = str(harness)
+        inner[HARNESS_ENV] = str(harness)
+        if child_socket is not None:
+            inner[REPORT_FD_ENV] = str(child_socket.fileno())
+        inner.update(env or {})
+        return inner
+
+    def _rlimits(self, limits: Limits) -> Callable[[], None]:
+        """What the child runs before exec: every rlimit but RLIMIT_NPROC (module docstring)."""
+        cpu = max(1, math.ceil(limits.timeout_s))
+        memory = limits.memory_mb * 1024 * 1024
+        file_size = self.file_size_mb * 1024 * 1024
+        open_files = self.open_files
+
+        def set_limits() -> None:
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+        return set_limits
+
+
+def _result(run: ProcessRun) -> SandboxResult:
+    """The `SandboxResult` of a supervised run (a negative return code: killed by that signal)."""
+    stderr = bytes(run.stderr.data)
+    if run.timed_out:
+        exit_code, sig = None, signal.SIGKILL
+    else:
+        exit_code, sig = (None, -run.returncode) if run.returncode < 0 else (run.returncode, None)
+    status, detail = classify(run.timed_out, exit_code, sig, stderr)
+    return SandboxResult(
+        status=status,
+        exit_code=exit_code,
+        signal=sig,
+        stdout=bytes(run.stdout.data),
+        stderr=stderr,
+        stdout_truncated=run.stdout.truncated,
+        stderr_truncated=run.stderr.truncated,
+        wall_s=run.wall_s,
+        report=bytes(run.report.data),
+        report_truncated=run.report.truncated,
+        detail=detail,
+    )

@@ -1,22 +1,16 @@
 """A pool of warm zygote sandboxes, shared by every batch and task, with a concurrency limit.
 
-`SandboxPool(backend, size)` is itself a batch backend: `run_batch(jobs, harness_files, preload)`
-hands each job to an idle zygote whose key matches (interpreter flags, harness files, preloaded
-modules) and whose limits cover the job's, starting one when fewer than `size` are alive (and
-closing an idle one of another key when `size` are); `run` is the backend's own single run. At
-most `size` jobs run at once, batched or single, whatever the number of calling threads. A zygote
-outlives the call that started it: the next batch, of any task, finds it warm (its interpreter
-started, pytest imported, pytest's plugin manager built).
-
-What stays per job is what `run_batch` guarantees (docs/design/sandbox.md, "Batched runs"): a fresh
-workspace, every process of the job killed and /tmp emptied before the zygote runs anything else,
-its own nonce and report channel, its own limits and clock. A zygote that died, hung, broke or was
-left changed by a job is closed and replaced; a job it could not vouch for comes back as None, and
-the caller runs it in a sandbox of its own, as with `run_batch`. Zygotes idle for `idle_s` are
-closed; `close` (or leaving the `with` block) waits for running jobs and kills every sandbox.
-
-Zygotes are opened by a thread of their own that lives as long as they do: bwrap runs with
-`--die-with-parent`, which the kernel ties to the thread that started it, not the process.
+`SandboxPool(backend, size)` is itself a batch backend. With a `ZygoteBackend`, `run_batch` hands
+each job to an idle zygote whose key matches (interpreter flags, harness files, preloaded modules)
+and whose limits cover the job's, starting one while fewer than `size` are alive (else closing an
+idle one of another key); other backends' batches run as their own `run_batch`, or not at all.
+`run` is the backend's own single run. At most `size` jobs run at once, batched or single. A
+zygote outlives the call that started it, so the next batch, of any task, finds pytest imported.
+What stays per job is what `run_batch` guarantees; a zygote that died, hung, broke or was left
+changed is replaced, and a job it could not vouch for comes back as None (the caller runs it
+alone). Zygotes idle for `idle_s` are closed; `close` waits for running jobs and kills every
+sandbox. Each zygote is opened by a thread of its own that lives as long as it does: bwrap's
+`--die-with-parent` follows the thread that started it, not the process.
 """
 
 from __future__ import annotations
@@ -41,7 +35,14 @@ from tidal.sandbox.base import (
     SandboxBackend,
     SandboxResult,
 )
-from tidal.sandbox.batch import FORKS_FILE, FORKS_SOURCE, Zygote, batch_flags
+from tidal.sandbox.batch import (
+    FORKS_FILE,
+    FORKS_SOURCE,
+    Zygote,
+    ZygoteBackend,
+    ZygoteJob,
+    batch_flags,
+)
 from tidal.types import Limits
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ class SandboxPool:
         if size is not None and size < 1:
             raise ValueError(f"a sandbox pool needs at least one slot, not {size}")
         self.backend = backend
+        # What the backend can do, decided once: keep zygotes warm, else run its own batches, else none.
+        self._zygotes: ZygoteBackend | None = backend if isinstance(backend, ZygoteBackend) else None
+        self._batches: BatchBackend | None = backend if isinstance(backend, BatchBackend) else None
         self.name = backend.name
         self.python = backend.python
         self.size = size or os.cpu_count() or 1
@@ -142,11 +146,11 @@ class SandboxPool:
         if not jobs:
             return []
         flags, _ = batch_flags(jobs, self.python)  # ValueError, as the backend's own run_batch
-        if not hasattr(self.backend, "open_zygote"):  # no warm zygotes: the backend's batch, or none
-            if not isinstance(self.backend, BatchBackend):
+        if self._zygotes is None:  # no warm zygotes: the backend's batch, or none
+            if self._batches is None:
                 return [None] * len(jobs)
             with self._slot():
-                return self.backend.run_batch(jobs, harness_files=harness_files, preload=preload)
+                return self._batches.run_batch(jobs, harness_files=harness_files, preload=preload)
         key: Key = (tuple(flags), _digest(harness_files or {}), tuple(preload))
         results: list[SandboxResult | None] = [None] * len(jobs)
         order = itertools.count()
@@ -247,7 +251,7 @@ class SandboxPool:
         is: to an idle zygote that holds it, else to a new zygote while fewer than `size` are alive,
         else they wait for a busy one that holds it rather than make an idle one start it anew."""
         victim = None
-        wanted = getattr(getattr(job, "template", None), "key", None)
+        wanted = job.template.key if isinstance(job, ZygoteJob) and job.template is not None else None
         with self._cond:
             while True:
                 if self._closed:
@@ -327,12 +331,14 @@ class SandboxPool:
               preload: Sequence[str]) -> _Entry:
         """A new zygote, opened by a thread that then lives as long as it does and closes it once it
         has been idle for `idle_s`."""
+        backend = self._zygotes
+        assert backend is not None  # run_batch leases zygotes only from a backend that opens them
         opened: dict[str, Any] = {}
         ready = threading.Event()
 
         def keeper() -> None:
             try:
-                zygote = self.backend.open_zygote(  # type: ignore[attr-defined]
+                zygote = backend.open_zygote(
                     list(key[0]), limits, harness_files={**(harness_files or {}), FORKS_FILE: FORKS_SOURCE},
                     preload=preload)
                 opened["entry"] = entry = _Entry(key, zygote)

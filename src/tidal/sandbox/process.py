@@ -96,61 +96,26 @@ def supervise(
     selector.register(process.stdout.fileno(), selectors.EVENT_READ, stdout)
     selector.register(process.stderr.fileno(), selectors.EVENT_READ, stderr)
     if report_socket is not None:
-        if report_input:
-            # A process that never reads the channel must not stall the harness past the deadline.
-            report_socket.settimeout(max(0.001, deadline - time.monotonic()))
-            try:
-                report_socket.sendall(report_input)
-            except OSError:
-                pass  # gone, or not reading; its result says why
-        try:
-            report_socket.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        report_socket.setblocking(False)
+        _open_report(report_socket, report_input, deadline)
         selector.register(report_socket.fileno(), selectors.EVENT_READ, report)
 
-    timed_out = False
-    drain_until: float | None = None  # set once the process ended or was killed
+    state = _State()
     try:
-        while selector.get_map():
-            now = time.monotonic()
-            if drain_until is None:
-                if now >= deadline:
-                    timed_out = True
-                    kill()
-                    drain_until = now + DRAIN_S
-                elif _exited(process.pid):
-                    kill()
-                    drain_until = now + DRAIN_S
-            elif now >= drain_until:
-                break
-            limit = drain_until if drain_until is not None else deadline
-            for key, _ in selector.select(timeout=max(0.0, min(POLL_S, limit - now))):
-                try:
-                    chunk = os.read(key.fd, 65536)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    chunk = b""
-                if chunk:
-                    key.data.add(chunk)
-                else:
-                    selector.unregister(key.fd)
+        _read_until_gone(process, selector, deadline, kill, state)
     finally:
         selector.close()
-        if drain_until is None:
+        if state.drain_until is None:
             # Every stream closed on its own; the process may still be running (it closed them).
             while not _exited(process.pid):
                 if time.monotonic() >= deadline:
-                    timed_out = True
+                    state.timed_out = True
                     break
                 time.sleep(POLL_S / 5)
         kill()  # before reaping, so the process group id cannot have been reused
         cpu_s, max_rss_mb = reap(process)
     return ProcessRun(
         returncode=process.returncode,
-        timed_out=timed_out,
+        timed_out=state.timed_out,
         stdout=stdout,
         stderr=stderr,
         report=report,
@@ -158,3 +123,59 @@ def supervise(
         cpu_s=cpu_s,
         max_rss_mb=max_rss_mb,
     )
+
+
+def _open_report(report_socket: socket.socket, report_input: bytes | None, deadline: float) -> None:
+    """Send `report_input` on the harness's end of the report channel, shut it for writing, and
+    leave it non-blocking for reading."""
+    if report_input:
+        # A process that never reads the channel must not stall the harness past the deadline.
+        report_socket.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            report_socket.sendall(report_input)
+        except OSError:
+            pass  # gone, or not reading; its result says why
+    try:
+        report_socket.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    report_socket.setblocking(False)
+
+
+@dataclass
+class _State:
+    """Where a supervised run stands, kept outside the read loop so that `supervise`'s clean-up sees
+    it however the loop ended."""
+
+    timed_out: bool = False
+    drain_until: float | None = None  # set once the process ended or was killed
+
+
+def _read_until_gone(process: subprocess.Popen[bytes], selector: selectors.BaseSelector, deadline: float,
+                     kill: Callable[[], None], state: _State) -> None:
+    """Read every registered stream into its `Capped` until all are closed, or until DRAIN_S after
+    the process exited or was killed at `deadline` (which `state` records)."""
+    while selector.get_map():
+        now = time.monotonic()
+        if state.drain_until is None:
+            if now >= deadline:
+                state.timed_out = True
+                kill()
+                state.drain_until = now + DRAIN_S
+            elif _exited(process.pid):
+                kill()
+                state.drain_until = now + DRAIN_S
+        elif now >= state.drain_until:
+            break
+        limit = state.drain_until if state.drain_until is not None else deadline
+        for key, _ in selector.select(timeout=max(0.0, min(POLL_S, limit - now))):
+            try:
+                chunk = os.read(key.fd, 65536)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                chunk = b""
+            if chunk:
+                key.data.add(chunk)
+            else:
+                selector.unregister(key.fd)

@@ -1,29 +1,17 @@
 """The seccomp filter every bwrap sandbox runs under: a deny list compiled to classic BPF here.
 
-bwrap's `--seccomp FD` loads a compiled cBPF program (an array of `struct sock_filter`) just
-before it executes the command, so the filter binds the command and everything it starts, and
-no process in the sandbox can remove it (filters only stack; `no_new_privs` is set by bwrap).
-
-Why a deny list and not an allow list: the sandbox runs interpreters, compilers and test runners
-whose syscall needs are broad and version dependent; an allow list that misses one turns honest
-code into a mysterious failure. What is denied is the kernel attack surface and the escape tools
-a test never needs:
-
-- tracing and cross-process memory: ptrace, process_vm_readv/writev, kcmp, pidfd_getfd;
-- namespaces and mounts: unshare, setns, clone with any CLONE_NEW* flag, clone3 (its flags are
-  in memory, which a filter cannot read; it returns ENOSYS so libc falls back to clone), mount,
-  umount2, pivot_root, chroot, the new mount API (open_tree, move_mount, fs*, mount_setattr);
-- kernel subsystems with a history of privilege escalations: bpf, keyctl/add_key/request_key,
-  perf_event_open, userfaultfd, io_uring_*, fanotify_init, open_by_handle_at/name_to_handle_at;
-- POSIX message queues (mq_open): they outlive processes, and a batch cannot see or clean them;
-- the terminal: ioctl TIOCSTI (push characters into a terminal's input) and TIOCLINUX;
-- host administration: kexec, modules, swap, reboot, acct, quotactl, syslog, clocks, iopl/ioperm.
-
-Denied calls fail with EPERM (clone3: ENOSYS). A syscall of another ABI (x86 x32 numbers, or an
-architecture the filter was not built for) kills the process: such a call is never honest here.
-Architectures: x86_64 and aarch64 (numbers taken from the kernel's unistd headers); on any other
-machine `build_filter` returns None and the caller decides (bwrap.py runs without the filter and
-says so in its `detail`; see docs/design/sandbox.md).
+bwrap's `--seccomp FD` loads the compiled program (an array of `struct sock_filter`) just before it
+executes the command, so it binds the command and everything it starts, and nothing in the sandbox
+can remove it (filters only stack; bwrap sets `no_new_privs`). A deny list, not an allow list: the
+sandbox runs interpreters, compilers and test runners whose syscall needs are broad and version
+dependent, and an allow list that misses one turns honest code into a mysterious failure. Denied:
+the kernel attack surface and the escape tools a test never needs (tracing and cross-process
+memory, namespaces and mounts, bpf/keyrings/perf/userfaultfd/io_uring and similar subsystems,
+POSIX message queues, which a batch cannot clean, terminal injection, host administration; the
+list is `DENIED` below and the table in docs/design/sandbox.md). Denied calls fail with EPERM
+(clone3: ENOSYS, so libc falls back to clone, whose flags a filter can read); a call of another
+ABI (x32) or architecture kills the process. Tables for x86_64 and aarch64; elsewhere
+`build_filter` returns None and bwrap.py runs without a filter, saying so in `detail`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """Sessions: one workspace kept across several sandboxed commands, with snapshots to branch or retry.
 
-An agent episode runs many commands in one workspace (a tool call each). `open_session` writes the
-starting files once; every `exec` then starts a fresh sandbox (new namespaces, processes, `/tmp`,
-limits and wall clock) over that same workspace, so files persist between commands and nothing
-else does. Between commands no sandboxed process is alive, which is when snapshots are taken.
-
-`snapshot()` copies the workspace into the session's snapshot store; `restore(snapshot)` puts the
-workspace back exactly as it was (files, folders, modes, symlinks); `fork(snapshot)` opens a new
-session from it, so a trajectory can branch. A snapshot never captures anything outside the
-workspace: the walk never follows a symlink (links are stored as links, with their target text,
-and recreated as links), special files (fifos, sockets, devices) are skipped and listed, and the
-size is capped (`SnapshotError`). Reading and writing files from the host (`read_file`,
-`write_files`) likewise refuses to pass through a symlink, so a hostile workspace cannot make the
-host read or write anywhere else.
-
-A harness that checks the workspace afterwards (an agent episode's acceptance tests) works in the
-same session: `put_files` writes its files over whatever the sandbox left on their paths, and
-`exec` can put harness files in the read-only harness folder and open the private report channel
-(`SandboxBackend.run`) for one command.
+An agent episode runs many commands in one workspace (a tool call each). `open_session` (on a
+`SessionBackend`) writes the starting files once; every `exec` then starts a fresh sandbox (new
+namespaces, processes, `/tmp`, limits and wall clock) over that same workspace, so files persist
+and nothing else does. Between commands no sandboxed process is alive: that is when `snapshot()`
+copies the workspace, `restore(snapshot)` puts it back exactly (files, folders, modes, symlinks)
+and `fork(snapshot)` opens a branch. Nothing outside the workspace is ever captured or touched
+from the host: links are stored and recreated as links, never followed; special files are skipped
+and listed; the size is capped (`SnapshotError`); `read_file`, `write_files` and `put_files` never
+pass through a symlink. A harness that checks the workspace afterwards (an agent episode's
+acceptance tests) works in the same session: `put_files` writes its files over whatever the
+sandbox left on their paths, and `exec` can add harness files and open the report channel.
 """
 
 from __future__ import annotations
@@ -34,7 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tidal.errors import TidalError
-from tidal.sandbox.base import SandboxBackend, SandboxResult, chown_tree, remove_tree, safe_relative_path, write_tree
+from tidal.sandbox.base import (
+    SandboxBackend,
+    SandboxResult,
+    SessionBackend,
+    chown_tree,
+    remove_tree,
+    safe_relative_path,
+    write_tree,
+)
 from tidal.sandbox.leftovers import make_run_dir
 from tidal.types import Limits
 
@@ -140,16 +141,14 @@ class SandboxSession:
 
     _counter = itertools.count()
 
-    def __init__(self, backend: SandboxBackend, limits: Limits, store: Path, owner: tuple[int, int] | None,
+    def __init__(self, backend: SessionBackend, limits: Limits, store: Path, owner: tuple[int, int] | None,
                  snapshot_cap_mb: int = SNAPSHOT_CAP_MB) -> None:
         self.backend, self.limits = backend, limits
         self.store, self.owner, self.snapshot_cap_mb = store, owner, snapshot_cap_mb
         self.run_dir = Path(tempfile.mkdtemp(prefix="tidal-session-", dir=store))
         (self.run_dir / "workspace").mkdir(mode=0o755)
         (self.run_dir / "harness").mkdir(mode=0o755)
-        prepare = getattr(backend, "prepare_workspace", None)
-        if prepare is not None:
-            prepare(self.workspace, limits)  # a size-limited tmpfs where the backend can make one
+        backend.prepare_workspace(self.workspace, limits)  # a size-limited tmpfs where the backend can make one
         self.closed = False
         self.commands = 0
         self.owned_store: SessionStore | None = None  # a store open_session made for this session alone
@@ -178,10 +177,9 @@ class SandboxSession:
                 for name in dirs:
                     os.chmod(os.path.join(folder, name), 0o755)
         self.commands += 1
-        run_in = self.backend.run_in  # type: ignore[attr-defined]
         if report_input is None:
-            return run_in(self.run_dir, argv, limits, env)  # type: ignore[no-any-return]
-        return run_in(self.run_dir, argv, limits, env, report_input=report_input)  # type: ignore[no-any-return]
+            return self.backend.run_in(self.run_dir, argv, limits, env)
+        return self.backend.run_in(self.run_dir, argv, limits, env, report_input=report_input)
 
     def write_files(self, files: dict[str, str | bytes]) -> None:
         """Write files into the workspace from the host, never through a symlink the sandbox made."""
@@ -306,9 +304,7 @@ class SandboxSession:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            release = getattr(self.backend, "release_workspace", None)
-            if release is not None:
-                release(self.workspace)
+            self.backend.release_workspace(self.workspace)
             remove_tree(self.run_dir)
             if self.owned_store is not None:
                 self.owned_store.close()
@@ -337,11 +333,11 @@ def open_session(
     store: SessionStore | None = None,
     snapshot_cap_mb: int = SNAPSHOT_CAP_MB,
 ) -> SandboxSession:
-    """A session on `backend` (which must offer `run_in`) with `files` as the starting workspace.
-    Without `store` the session gets a store of its own, removed when the session closes."""
-    if not hasattr(backend, "run_in"):
+    """A session on `backend` (which must be a `SessionBackend`) with `files` as the starting
+    workspace. Without `store` the session gets a store of its own, removed when the session closes."""
+    if not isinstance(backend, SessionBackend):
         raise TypeError(f"sandbox backend {backend.name!r} does not support sessions")
-    owner = getattr(backend, "workspace_owner", None)
+    owner = backend.workspace_owner
     own: SessionStore | None = None
     if store is None:
         store = own = SessionStore()

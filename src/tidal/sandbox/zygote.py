@@ -1,75 +1,17 @@
 """The zygote: runs INSIDE a sandbox, imports slow modules once, then runs each job of a batch in a
 forked child and puts the sandbox back in a clean state before the next one.
 
-Not imported by tidal: `BwrapBackend.run_batch` ships this file's text as a harness file (and
-beside it zygote_clean.py as `tidal_zygote_clean.py`, the checks and cleaning between jobs, which
-it imports) and runs `python <flags> tidal_zygote.py <workspace root> <modules to preload...>` as
-the sandbox's command. It may use only the standard library. See docs/design/sandbox.md, "Batched
-runs".
-
-Protocol, on the SOCK_SEQPACKET socket whose fd number is in $TIDAL_CONTROL_FD (one JSON object per
-message; the host only trusts what comes over it, never the jobs' output):
-
-    zygote -> host   {"event": "ready", "failed": [modules that did not import], "forks": whether it has
-                     templates, "companions": whether it has a nursery}
-    host -> zygote   {"op": "run", "cwd", "env", "module", "args", "rlimits", "timeout_s"
-                     [, "template": key][, "companion": {"call": "module:function", "env_drop": [...]}]}
-                     with fds: stdout, stderr[, report channel]
-    zygote -> host   {"event": "done", "exit_code", "signal", "timed_out", "wall_s", "cpu_s", "max_rss_mb",
-                     "retire", "template"} sent once the job's child has ended, every other process of the
-                     sandbox but its helpers' (below) is gone, /tmp and /dev/shm are empty and the sandbox has
-                     been compared with how the zygote found it; `retire` (a reason, or null) says the job
-                     left something a fork inherits or that nothing cleans: its own result stands, but
-                     the zygote exits after this message and runs nothing more; `template` is the key
-                     of the template the zygote holds now (null: none)
-    host -> zygote   {"op": "template", "key"[, "base": {"key", "args", "paths"}], and the fields of "run"}
-                     with fds: stdout, stderr, report channel: start a template (below) for later
-                     jobs, replacing any other, forked from the base `base` names if there is one
-    zygote -> host   {"event": "template", "ready", "detail", "retire", "template", "base"}: `base` is
-                     the key of the base the zygote holds now (null: none)
-    zygote -> host   {"event": "broken", "detail"}: the zygote cannot vouch for the job in progress
-                     (processes that would not die, a child that could not set up) and exits; the
-                     host runs that job in a sandbox of its own
-    host closes the socket: the zygote exits.
-
-A job's child runs `python -m module args` in-process (runpy, as the interpreter does), in its own
-session, with the job's environment, working directory and rlimits, its own stdout/stderr, and
-the report channel as fd 3. The zygote makes itself non-dumpable, so jobs (same uid) cannot ptrace
-it or read its memory; what they can still do to it (kill, stop, renice, lower its rlimits) either
-ends it or is caught by the check it runs after every job.
-
-Templates (zygote_forks.py, shipped beside this file as tidal_zygote_forks.py): many jobs that
-differ only in a few files (the answers to one task) share a *template*, a process forked from the
-zygote that runs the job's command up to a point the command chooses (pytest: its tests collected)
-and calls `tidal_zygote_forks.fork_point()`, which there serves forks: each templated job is a fork
-of the template taken at that point, set up as a job's child is (session, fds, environment, folder,
-limits) and continuing from it, in a workspace the host wrote fresh at the path the template
-started in. The template runs nothing of any job. Templates of many tasks may in turn be forks of
-a *base*, the same command without the task's own arguments run up to an earlier point (pytest:
-configured, before collection; `tidal_zygote_forks.base_point()`), started in the folder the host
-then writes each of those tasks' files into; it reads nothing of any task.
-
-Companions: a job may ask for a second process, which calls `module:function` with one end of a
-socket pair once set up like the job (its own session, the job's stdout, stderr, folder and limits;
-the job's environment without the harness's variables (TIDAL_*, and the prefixes the job names) and
-without the harness folder on its path). It is forked from the *nursery*, a process the zygote
-forks before it preloads anything (it imports the preload names written `companion:module`), so it
-holds nothing the job's child reads or computes (no report nonce, no template) and starts as small
-as a fresh interpreter. The job's child gets the other end of the socket and a pipe on which the
-zygote writes, when it reaps the companion, its wait status and the processes that outlived it
-({"status", "left"}); `$TIDAL_COMPANION` says "socket fd,status fd,pid".
-
-The template, the base and the nursery are checked after every job (zygote_forks.py says how): a template
-or base that changed is dropped and started again; a nursery that changed retires the zygote. Their
-processes count against the jobs' RLIMIT_NPROC, which the zygote raises by as many as its own hard
-limit allows.
-
-Speed: everything a job's pytest session imports is imported here once; when a job runs pytest, the
-zygote builds pytest's plugin manager and the default plugins' registrations (what
-`_pytest.config.get_config` returns) once per set of `-p no:...` options, and each child takes its
-own copy-on-write copy of that object instead of building it (see `prebuilt_config`); the heap is
-frozen (`gc.freeze`) before forking, so a child's garbage collections skip the zygote's objects and
-do not touch (copy) their pages.
+Not imported by tidal: `open_zygote` ships it as the harness file `tidal_zygote.py` (beside
+zygote_clean.py, its checks between jobs, and where given zygote_forks.py, its templates and
+companions) and runs `python <flags> tidal_zygote.py <workspace root> <modules to preload...>` as
+the sandbox's command. Standard library only. The host trusts only the zygote's messages on the
+control socket ($TIDAL_CONTROL_FD), never the jobs' output: docs/design/sandbox.md, "The zygote's
+protocol". A job's child runs `python -m module args` in-process (runpy) in its own session, with
+the job's environment, folder, rlimits, stdout/stderr and report channel (fd 3). The zygote is
+non-dumpable, so a job (same uid) cannot read its memory; what a job can still do to it (kill,
+stop, renice, lower its rlimits) ends it or is caught by the check after every job. Children
+share its imports, a pytest plugin manager built once (`prebuilt_config`), and a frozen heap
+(`gc.freeze`), so their collections do not copy its pages.
 """
 
 from __future__ import annotations
@@ -265,7 +207,7 @@ _PREBUILT: dict[tuple[str, ...], Any] = {}  # plugin exclusions -> pytest Config
 
 def prebuilt_config(job: dict[str, Any]) -> Any:
     """For a pytest job: pytest's initial `Config` for the job's `-p no:` options, built once in the
-    zygote (plugin manager, hook specs, default plugins and their options: a third of a small
+    zygote (plugin manager, hook specs, default plugins and their options: much of a small
     session's start-up); None when the job is not a plain pytest run or it cannot be built (the
     child then builds it itself, as pytest always does)."""
     if job["module"] != "pytest" or "PYTEST_DEBUG" in job["env"] or "_pytest.config" not in sys.modules:

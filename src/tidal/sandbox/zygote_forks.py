@@ -1,26 +1,17 @@
 """Templates and companions for the zygote (zygote.py): job processes that are not plain forks of it.
 
-Not imported by tidal: shipped beside the zygote as the harness file `tidal_zygote_forks.py`, which
-the zygote imports when it is there (the pool and `python_tests` ship it); pytest_template.py calls
-`fork_point` in a template. It may use only the standard library and the zygote itself (imported as
-`tidal_zygote`, the name the running zygote gives itself). The protocol and the guarantees are in
-the zygote's docstring.
-
-Up to three long-lived helper processes run beside the zygote, each forked from it, each in its
-own session and non-dumpable, none a subreaper, each serving forks over a socket only the zygote
-holds: the *nursery*, forked before the zygote preloads anything, from which companions are forked
-(so a companion starts as small as a fresh interpreter), the *template* of the task at hand, and
-the *base* that may have forked it: a job's command run up to a point before anything of a task
-is read (for pytest: configured, its session started, not yet collecting), forked once per task
-into that task's template, so what tasks with the same options share is done once per zygote.
-A process they fork is the zygote's child (a sibling of the helper, forked with CLONE_PARENT; where
-that cannot be, it goes through a middle process that exits at once and is reparented to the
-zygote, the nearest subreaper): the zygote waits for it, reaps it and sweeps after it as for a
-plain job.
-After every job the zygote checks both helpers: one that died, stopped, or has other rlimits, nice
-value, CPU affinity or scheduler than when it started (what a fork inherits that a job's process,
-same user, could change from outside) is dropped: a template is started again for the next job
-that asks for it; without a nursery the zygote runs no more companions and retires.
+Not imported by tidal: shipped beside the zygote as the harness file `tidal_zygote_forks.py` (the
+pool and `python_tests` ship it), which the zygote imports when it is there; pytest_template.py
+calls `fork_point` in a template. Standard library and the running zygote (`tidal_zygote`) only.
+Up to three long-lived helpers run beside the zygote, each forked from it, in its own session,
+non-dumpable, serving forks over a socket only the zygote holds: the *nursery* (forked before the
+zygote preloads anything; companions are its forks, so they start as small as a fresh interpreter),
+the *template* of the task at hand and the *base* that may have forked it (docs/design/sandbox.md,
+"Templates and companions"). What they fork is the zygote's child (CLONE_PARENT, else through a
+middle process that exits at once), which the zygote reaps and sweeps after as any job. After every
+job the zygote checks each helper against what a job could change from outside (alive, not stopped,
+its rlimits, nice value, CPU affinity, scheduler): a changed template or base is dropped and
+started again when asked for; a changed nursery retires the zygote.
 """
 
 from __future__ import annotations

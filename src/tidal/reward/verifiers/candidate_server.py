@@ -1,18 +1,15 @@
 """The candidate side of `python_tests`' out_of_process mode: imports the answer's module and runs
 its functions on request, replying with data only.
 
-Not imported by tidal: `python_tests` ships this file's text to the sandbox's harness folder as
-`tidal_candidate_server.py`. In a zygote it is the job's companion (`serve`: forked from the zygote
-before the job's pytest process exists, it waits on its socket for the start message
-{"module", "workspace", "tests"}, which the report plugin sends once the tests are collected and
-deleted from disk); alone, the report plugin starts it then (`python -B tidal_candidate_server.py
-<fd> <module> <workspace> <test paths as JSON>`). It may use only the standard library and
-tidal_function_proxy (the wire codec).
-
-It runs the answer, so nothing here is trusted: the answer can rewrite this process as it likes.
-What it cannot do is reach the test process (a separate, non-dumpable process whose report
-channel it never had) or the tests (gone from disk before it started). The audit findings it
-sends are advisory: an answer can suppress its own, and any it sends only count against it.
+Not imported by tidal: shipped as the harness file `tidal_candidate_server.py`. In a zygote it is
+the job's companion (`serve`: forked before the job's pytest process exists, it waits on its socket
+for the start message {"module", "workspace", "tests"}, which the report plugin sends once the
+tests are collected and deleted from disk); alone, the report plugin starts it then (`python -B
+tidal_candidate_server.py <fd> <module> <workspace> <test paths as JSON>`). Standard library and
+tidal_function_proxy (the wire codec) only. It runs the answer, so nothing here is trusted; what
+the answer cannot do is reach the test process (separate, non-dumpable, with a report channel it
+never had) or the tests (gone from disk before it started). The audit findings it sends are
+advisory: an answer can suppress its own, and any it sends only count against it.
 """
 
 from __future__ import annotations

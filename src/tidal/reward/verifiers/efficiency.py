@@ -1,27 +1,16 @@
 """The `efficiency` verifier: CPU time and peak memory of the answer's program against the task's
 reference solution, on the same inputs, in the same sandbox.
 
-The in-sandbox harness (io_runner.py) first runs the reference once on every case, before any
-candidate code exists in a process: a reference that fails is the task's fault (infra_error), and
-its outputs are the expected ones where a case gives none. Then it runs candidate and reference
-`repeats` times per case, interleaved (candidate first on even repeats, reference first on odd
-ones), each run a fresh process whose CPU seconds (user + system) and peak RSS come from the
-kernel's rusage of every process it started, reaped by the harness. Per case the minimum CPU time
-and the median peak RSS are kept (the least noisy statistics of a few runs); CPU is summed over
-the cases, memory is the largest case's.
-
-Correct output is a precondition: any candidate run that does not print the expected output
-scores 0 (failed, or timeout / memory_limit / crashed by how it ended). Otherwise, for each
-measure, ratio = candidate / reference (reference CPU floored at `min_cpu_s`, so a run dominated
-by timer resolution cannot produce a large ratio) and score = 1 when ratio <= tolerance, else
-tolerance / ratio; value = cpu_weight * cpu score + (1 - cpu_weight) * memory score. passed when
-value is 1, failed otherwise.
-
-Peak RSS has a floor: a process forked from the harness inherits the harness's high-water mark
-(Linux keeps it across exec), so peaks below the harness's own (about 18 MiB, measured on
-/bin/true and recorded as `rss_floor_mb`) all read as that floor. Memory scoring tells apart
-programs that use more than that, not a few MiB of difference in small ones. A reference that fails after candidate code ran is `tampered`: it
-worked on that input before, so the likeliest cause is the candidate interfering.
+The in-sandbox harness (io_runner.py) runs the reference once on every case before any candidate
+code runs (a reference that fails is the task's fault: infra_error; its outputs are the expected
+ones where a case gives none), then candidate and reference `repeats` times per case, interleaved,
+each run measured by the rusage of every process it started. Per case the minimum CPU time and the
+median peak RSS are kept (the least noisy statistics of a few runs). Correct output is a
+precondition (else 0); then per measure ratio = candidate / reference (reference CPU floored at
+`min_cpu_s`), score = 1 up to `tolerance`, else tolerance / ratio, and value = cpu_weight * cpu +
+(1 - cpu_weight) * memory. Peak RSS has a floor, the harness's own high-water mark, which a forked
+child inherits across exec (`rss_floor_mb`, measured on /bin/true each run). A reference that fails
+after candidate code ran is `tampered`. Details and limits: docs/design/verifiers.md, "efficiency".
 """
 
 from __future__ import annotations

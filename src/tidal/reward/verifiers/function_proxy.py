@@ -1,22 +1,17 @@
 """The test side of `python_tests`' out_of_process mode: a stand-in for the answer's module whose
 functions run in a separate candidate process, with values crossing only as data.
 
-Not imported by tidal: `python_tests` ships this file's text to the sandbox's harness folder as
-`tidal_function_proxy.py`. The report plugin (pytest_report.py) imports it in the pytest process;
-the candidate server (candidate_server.py) imports it in the candidate process for the wire codec
-only. It may use only the standard library.
-
-Why: in-process, the answer shares memory with the tests and the plugin, so it can return objects
-that compare equal to anything, read the caller's frames, patch pytest or find the report nonce.
-Here the tests hold a `ProxyModule` in `sys.modules[<module>]`; `f(*args)` encodes the arguments,
-sends them over a socket pair to the candidate process, and decodes the reply into fresh builtin
-objects. An exception comes back as its type name and message and is raised here as a
-`CandidateError` (also a subclass of the builtin of that name, so `pytest.raises(ValueError)`
-still works). Nothing the candidate sends is ever unpickled or executed.
-
-Wire: 4-byte big-endian length + UTF-8 JSON. Values are tagged (see `encode`): JSON arrays are
-lists, and every JSON object is a one-key tag ({"t": [...]}: tuple, {"d": [[k, v], ...]}: dict,
-...), so tuples, non-string dict keys, sets, bytes and ranges survive the trip.
+Not imported by tidal: shipped as the harness file `tidal_function_proxy.py`; the report plugin
+imports it in the pytest process, and the candidate server (candidate_server.py) for the wire
+codec only. Standard library only. Why: in process, the answer shares memory with the tests and
+the plugin, so it can return objects that compare equal to anything, read the caller's frames,
+patch pytest or find the report nonce. Here `sys.modules[<module>]` is a `ProxyModule`; `f(*args)`
+encodes the arguments, sends them over a socket pair to the candidate process and decodes the
+reply into fresh builtin objects. An exception comes back as its type name and message, raised as
+a `CandidateError` that also subclasses the builtin of that name (`pytest.raises(ValueError)`
+works). Nothing the candidate sends is unpickled or executed. Wire: 4-byte big-endian length +
+UTF-8 JSON, values tagged (see `encode`) so tuples, non-string dict keys, sets, bytes and ranges
+survive the trip.
 """
 
 from __future__ import annotations

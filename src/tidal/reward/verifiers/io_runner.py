@@ -1,29 +1,17 @@
 """Harness that runs INSIDE the sandbox for `program_io`, `efficiency` and `static`.
 
 Not imported by tidal at run time except for `outputs_match`, which the host's tests share: the
-verifiers ship this file's text to the sandbox's harness folder as `tidal_io_runner.py` and run
-`python tidal_io_runner.py cases` (or `ruff ...`). Standard library only.
-
-`cases` mode. The job (programs, cases, expected outputs, limits, a nonce) arrives over the report
-channel ($TIDAL_REPORT_FD, see tidal.sandbox.base), never through the workspace, so candidate code
-cannot read the expected outputs from a file. The harness then makes itself non-dumpable (no
-ptrace, no /proc/<pid>/mem, no pidfd_getfd by the same-uid candidate) and a child subreaper, and
-runs each program per case as a subprocess: its own session, a pipe for stdin/stdout/stderr,
-`close_fds` (the channel is also non-inheritable and its variable is removed from the
-environment), a per-case wall clock, an output cap. After each run it kills the run's process
-group (and, inside a pid namespace, every other process left), reaps every descendant and sums
-their rusage: CPU seconds and peak RSS of everything the run started. It compares the output
-with the expected one itself and writes one JSON line per event, each carrying the nonce, on the
-channel; the candidate never holds the channel, so it cannot forge a verdict.
-
-A hidden reference program (efficiency) exists on disk only while it runs, in a fresh folder with
-a random name, with no candidate process alive; a compiled reference is kept in memory between
-runs. The reference runs once on every case before any candidate code has run (its outputs are
-the expected ones when a case gives none), then candidate and reference runs interleave.
-
-`ruff` mode. Runs ruff (shipped as a harness file, started through the ELF loader because harness
-files are not executable) on the workspace's file and prints a bounded JSON summary of its
-diagnostics. ruff parses the code and never executes it.
+verifiers ship this file as the harness file `tidal_io_runner.py` and run it under `python -I`
+(`io_harness.BOOT`) as `cases` or `ruff ...`. Standard library only. `cases`: the job (programs,
+cases, expected outputs, limits, a nonce) arrives over the report channel, never through the
+workspace, so candidate code cannot read the expected outputs; the harness makes itself
+non-dumpable and the child subreaper, runs each program per case as a subprocess of its own
+session (`close_fds`, a wall clock, an output cap), then kills everything the run left, reaps it
+and sums its rusage, compares the output itself and reports one JSON line per event with the
+nonce, on a channel the candidate never holds. A hidden reference (efficiency) exists on disk only
+while it runs, with no candidate process alive. `ruff`: runs the shipped ruff binary through the
+ELF loader (harness files are not executable) and prints a bounded summary; ruff never executes
+the code. Step by step: docs/design/verifiers.md, "What they share".
 """
 
 from __future__ import annotations
@@ -164,42 +152,49 @@ class Runner:
         except OSError as error:
             return {"verdict": "runtime_error", "stdout": b"", "stderr": str(error).encode(), "exit_code": None,
                     "signal": None, "cpu_s": 0.0, "max_rss_mb": 0.0, "wall_s": 0.0}
-        assert process.stdin and process.stdout and process.stderr
         stdout, stderr = bytearray(), bytearray()
-        pending = memoryview(data)
-        selector = selectors.DefaultSelector()
+        timed_out, exceeded = _pump(process, data, stdout, stderr, started + timeout_s, cap)
+        self._kill_all(process.pid)
+        status, cpu, rss = self._reap(process.pid)
+        process.returncode = os.waitstatus_to_exitcode(status)
         for stream in (process.stdin, process.stdout, process.stderr):
-            os.set_blocking(stream.fileno(), False)
-        if pending:
-            selector.register(process.stdin.fileno(), selectors.EVENT_WRITE)
-        else:
-            process.stdin.close()
-        selector.register(process.stdout.fileno(), selectors.EVENT_READ, stdout)
-        selector.register(process.stderr.fileno(), selectors.EVENT_READ, stderr)
-        deadline = started + timeout_s
-        timed_out = exceeded = False
-        exited_at: float | None = None
+            if stream is not None and not stream.closed:
+                stream.close()
+        code = process.returncode
+        sig = -code if code < 0 else None
+        return {"verdict": _verdict(code, sig, timed_out, exceeded, stderr), "stdout": bytes(stdout[:cap]),
+                "stderr": bytes(stderr), "exit_code": code if sig is None else None,
+                "signal": sig, "cpu_s": cpu, "max_rss_mb": rss, "wall_s": time.monotonic() - started}
+
+
+def _pump(process: subprocess.Popen[bytes], data: bytes, stdout: bytearray, stderr: bytearray, deadline: float,
+          cap: int) -> tuple[bool, bool]:
+    """Feed `data` to the process's stdin and read its stdout and stderr (only the last STDERR_TAIL
+    bytes kept) until they close, the deadline passes or stdout exceeds `cap`; (timed out, exceeded)."""
+    assert process.stdin and process.stdout and process.stderr
+    pending = memoryview(data)
+    selector = selectors.DefaultSelector()
+    for stream in (process.stdin, process.stdout, process.stderr):
+        os.set_blocking(stream.fileno(), False)
+    if pending:
+        selector.register(process.stdin.fileno(), selectors.EVENT_WRITE)
+    else:
+        process.stdin.close()
+    selector.register(process.stdout.fileno(), selectors.EVENT_READ, stdout)
+    selector.register(process.stderr.fileno(), selectors.EVENT_READ, stderr)
+    exited_at: float | None = None
+    try:
         while selector.get_map():
             now = time.monotonic()
             if now >= deadline:
-                timed_out = True
-                break
+                return True, False
             if exited_at is None and _exited(process.pid):
                 exited_at = now
             if exited_at is not None and now > exited_at + 0.2:
                 break  # a descendant holds the pipes open
             for key, _ in selector.select(timeout=min(0.05, deadline - now)):
                 if key.events & selectors.EVENT_WRITE:
-                    try:
-                        written = os.write(key.fd, pending[:65536])
-                        pending = pending[written:]
-                    except BlockingIOError:
-                        continue
-                    except OSError:
-                        pending = pending[:0]
-                    if not pending:
-                        selector.unregister(key.fd)
-                        process.stdin.close()
+                    pending = _write_some(key.fd, pending, selector, process.stdin)
                     continue
                 try:
                     chunk = os.read(key.fd, 65536)
@@ -212,33 +207,40 @@ class Runner:
                 if key.data is stderr and len(stderr) > STDERR_TAIL:
                     del stderr[:-STDERR_TAIL]
                 if len(stdout) > cap:
-                    exceeded = True
-                    break
-            if exceeded:
-                break
+                    return False, True
+    finally:
         selector.close()
-        self._kill_all(process.pid)
-        status, cpu, rss = self._reap(process.pid)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        for stream in (process.stdin, process.stdout, process.stderr):
-            if not stream.closed:
-                stream.close()
-        code = process.returncode
-        sig = -code if code < 0 else None
-        if timed_out or sig == signal.SIGXCPU:
-            verdict = "timeout"
-        elif exceeded:
-            verdict = "output_limit"
-        elif code != 0 and any(s in stderr for s in MEMORY_SIGNATURES):
-            verdict = "memory_limit"
-        elif sig is not None:
-            verdict = "crashed"
-        elif code != 0:
-            verdict = "runtime_error"
-        else:
-            verdict = "ok"
-        return {"verdict": verdict, "stdout": bytes(stdout[:cap]), "stderr": bytes(stderr), "exit_code": code if sig is None else None,
-                "signal": sig, "cpu_s": cpu, "max_rss_mb": rss, "wall_s": time.monotonic() - started}
+    return False, False
+
+
+def _write_some(fd: int, pending: memoryview, selector: selectors.BaseSelector, stdin: Any) -> memoryview:
+    """Write what stdin takes now of `pending`; what is left (nothing once it is gone: stdin closed)."""
+    try:
+        written = os.write(fd, pending[:65536])
+        pending = pending[written:]
+    except BlockingIOError:
+        return pending
+    except OSError:
+        pending = pending[:0]
+    if not pending:
+        selector.unregister(fd)
+        stdin.close()
+    return pending
+
+
+def _verdict(code: int, sig: int | None, timed_out: bool, exceeded: bool, stderr: bytearray) -> str:
+    """How a run ended, first that applies."""
+    if timed_out or sig == signal.SIGXCPU:
+        return "timeout"
+    if exceeded:
+        return "output_limit"
+    if code != 0 and any(s in stderr for s in MEMORY_SIGNATURES):
+        return "memory_limit"
+    if sig is not None:
+        return "crashed"
+    if code != 0:
+        return "runtime_error"
+    return "ok"
 
 
 # ----------------------------------------------------------------------------- the cases job

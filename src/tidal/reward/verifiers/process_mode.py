@@ -3,24 +3,14 @@ imported into the pytest process, as plain pytest does) or `out_of_process` (the
 answer's functions in a separate process and get data back; see function_proxy.py).
 
 `mode: auto` (the default) picks out_of_process whenever the tests allow it, checked here with
-`ast` on the host. They allow it when they use the answer only as a library of functions called
-with data, after collection:
-
-- the entrypoint is a top-level module (`solution.py`, not `lib/core.py`);
-- every test file is a test module, a `conftest.py` or an `__init__.py` (the plugin deletes them
-  all once collected, so a helper module or data file among the tests would be lost);
-- the tests reach the answer only through `import solution [as s]` and `from solution import f
-  [as g]` (no `*`), and use what they import only as the callee of a call (`f(x)`,
-  `s.f(x)`): no attribute reads, `isinstance`, subclassing or passing the function around;
-- those calls happen inside functions (test bodies, fixtures), never while a module is imported
-  (module level, class bodies, decorators, default values), because the answer's process starts
-  only after collection;
-- no string in the tests names the module (`monkeypatch.setattr("solution.f", ...)`,
-  `importlib.import_module("solution")`), and no task file imports it.
-
-The arguments' types are checked at run time: a test that passes something other than data
-(a callback, a class instance) is reported and the score is an infra error for the task, never a
-0 for the answer.
+`ast` on the host: they must use the answer only as a library of functions called with data, after
+collection (the answer's process starts only then, and the plugin deletes every test file once
+collected). So the entrypoint is a top-level module; every test file is a test module, conftest.py
+or __init__.py; the tests reach the answer only through `import solution [as s]` / `from solution
+import f [as g]` and use those names only as callees (`f(x)`, `s.f(x)`), inside functions; no
+string names the module and no task file imports it. Arguments are checked at run time: a test
+that passes something other than data is an infra error for the task, never a 0 for the answer.
+`template_problems` says, likewise, whether a task's answers may share a template (zygote.py).
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
 """The `program_io` verifier: the answer is a program that reads stdin and writes stdout; each of
 the task's cases feeds it an input and compares what it prints with the expected output.
 
-The program (Python, or C/C++ compiled by gcc/g++ inside the sandbox) runs once per case, out of
-process, under the in-sandbox harness (io_runner.py): per-case wall clock, output cap, every
-process the run started killed and reaped before the next case. Expected outputs reach the
-harness over the report channel and never touch the workspace; verdicts come back on the same
-channel with the run's nonce, which the candidate, a subprocess without the channel, never holds.
-
-Outputs match after trailing whitespace is dropped (per line and at the end); with `abs_tol` /
-`rel_tol`, numbers may differ by that much. value = passed cases / cases.
-
-Outcomes (first that applies): infra_error (sandbox or harness could not start, no compiler, a
-broken task), tampered (report lines without the nonce), timeout (a case hit `case_timeout_s`,
-or the run's `limits.timeout_s` ended it), memory_limit, crashed (a case killed by a signal, or the
-harness ended early), passed (every case passed), failed (everything else: wrong answers, runtime
-errors, output over the cap, a program that does not compile).
+The program (Python, or C/C++ compiled by gcc/g++ inside the sandbox) runs once per case under the
+in-sandbox harness (io_runner.py): per-case wall clock, output cap, every process the run started
+killed and reaped before the next case. Expected outputs reach the harness over the report channel
+and never touch the workspace; verdicts come back on it with the run's nonce, which the candidate
+never holds. Outputs match after trailing whitespace is dropped; with `abs_tol` / `rel_tol`,
+numbers may differ by that much. value = passed cases / cases. Outcomes (first that applies):
+infra_error (sandbox or harness could not start, no compiler, a broken task), tampered (report
+lines without the nonce), timeout (a case hit `case_timeout_s`, or `limits.timeout_s` ended the
+run), memory_limit, crashed (a case killed by a signal, or the harness ended early), passed (every
+case passed), failed (wrong answers, runtime errors, output over the cap, does not compile).
 """
 
 from __future__ import annotations

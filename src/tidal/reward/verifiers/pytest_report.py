@@ -2,44 +2,16 @@
 
 PYTEST_DONT_REWRITE (a zygote imports this module before pytest could rewrite it; it has no asserts)
 
-Not imported by tidal: `python_tests` ships this file's text to the sandbox's harness folder as
-`tidal_pytest_report.py` and loads it with `-p tidal_pytest_report`, so it is registered before
-any test module, and so before any candidate code, is imported. Importing it does nothing: it
-starts when pytest registers it (its `pytest_addoption` and `pytest_plugin_registered` run then),
-so a zygote can import it once for all its jobs. It may use only the standard library, pytest and
-the harness's tidal_function_proxy and tidal_pytest_template (pytest_template.py).
-
-Channel: the socket whose fd is in $TIDAL_REPORT_FD (see tidal.sandbox.base). The harness sends
-its settings (a JSON object: the per-run nonce, the mode, the test paths, the answer's module and
-the per-call limit; a bare nonce is accepted too) and shuts its side for writing; the plugin reads
-them when it starts, then writes one JSON line per event, each carrying the nonce. A line without
-it is a forgery. The verdict of a test phase is taken from `call.excinfo` in the outermost
-`pytest_runtest_makereport` wrapper, before any other hook could rewrite the report.
-
-When it starts the process becomes non-dumpable (no ptrace or /proc/<pid>/mem for other processes
-of the same user) and the child subreaper (orphans of the answer's processes come back to it, so
-the scan at the session's end finds a detached daemon). An audit hook (`sys.addaudithook`) reports
-what candidate code does to the tests: opening a test file (refused), taking a test or pytest
-frame (`sys._getframe`, `f_code`/`tb_frame`/`__code__` reads), `gc.get_referrers/get_objects`,
-`sys._current_frames`, `sys.settrace/setprofile`, importing the framework's modules.
-
-out_of_process mode: the answer's module is a `ProxyModule` here; after collection the plugin
-deletes the test files (they live on only in this process's memory), guards the import path
-against modules planted later, and starts the candidate process (function_proxy.py): the
-zygote's companion when $TIDAL_COMPANION names one, else a fresh interpreter.
-
-Template mode (settings `"template": true`, no nonce; see python_tests and the zygote's templates):
-the session configures and collects the task's tests (in_process: against a stand-in for the
-answer's module), holding its events back, and stops at the start of the test loop, where the
-zygote forks one process per answer (pytest_template.py). Each such process reads its own settings
-and nonce from its own channel, does what the start of a session does (the `start` event,
-non-dumpable, subreaper, audit hook), sends the held events, in process binds the answer into the
-test modules, sends `collected`, and out of process starts the answer's process; then the test
-loop runs.
-
-In in_process mode candidate code runs in this same process and could, with effort, reach the
-nonce in memory or blind the audit hook; the plugin also reports late plugin registrations and
-replaced pytest internals. See docs/design/sandbox.md, "What a candidate can still do".
+Not imported by tidal: `python_tests` ships it as the harness file `tidal_pytest_report.py` and
+loads it with `-p tidal_pytest_report`, so it is registered before any test module (and any
+candidate code) is imported; importing it does nothing until pytest registers it, so a zygote can
+preload it. Standard library, pytest, tidal_function_proxy and tidal_pytest_template only. It reads
+its settings (nonce, mode, test paths, ...) from the report channel ($TIDAL_REPORT_FD), then writes
+one JSON line per event, each with the nonce; the verdict of a test phase is `call.excinfo` in the
+outermost `pytest_runtest_makereport` wrapper, before any other hook could rewrite the report. It
+makes the process non-dumpable and the child subreaper, and watches candidate code with an audit
+hook. Out of process and template mode, and what in-process code can still do: docs/design/
+sandbox.md ("`python_tests`", "Templates and companions", "What a candidate can still do").
 """
 
 from __future__ import annotations
@@ -482,10 +454,10 @@ def pytest_runtestloop(session: Any) -> Any:
     if session.testsfailed and not session.config.option.continue_on_collection_errors:
         # pytest's own loop stops here too, but with `session.Interrupted`: a KeyboardInterrupt, of
         # which the terminal reporter keeps a long report (it parses the whole module of each of
-        # the traceback's frames: most of what a session with a collection error costs, ~70 ms in a
-        # pool's job). `Failed` ends the session the same way, before any test runs, with exit
-        # status 1 (tests failed) instead of 2, and no report of its own; the collection errors
-        # are reported as they were (`pytest_collectreport`).
+        # the traceback's frames: most of what a session with a collection error costs). `Failed`
+        # ends the session the same way, before any test runs, with exit status 1 (tests failed)
+        # instead of 2, and no report of its own; the collection errors are reported as they were
+        # (`pytest_collectreport`).
         count = session.testsfailed
         raise session.Failed(f"{count} error{'s' if count != 1 else ''} during collection")
     return (yield)
@@ -535,7 +507,7 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Any:
 def pytest_runtest_makereport_line(item: Any, call: Any) -> Any:
     """The report of a test function whose call failed, as pytest's own with `--tb=line`, without
     the work that style throws away: pytest finds the frames of the traceback it would show (the
-    path of each of the ~20 frames above the test, looked up on disk) and formats each, to print
+    path of each frame above the test, looked up on disk) and formats each, to print
     only the exception. Anything else (set-up
     and tear-down, other styles, skips, `pytest.fail`, chained exceptions, unittest cases, a test
     whose own frame is hidden) is left to pytest; None passes the call on."""

@@ -3,26 +3,15 @@ tests once and is forked, at the start of its test loop, into one process per an
 
 PYTEST_DONT_REWRITE
 
-Not imported by tidal: `python_tests` ships this file's text to the sandbox's harness folder as
-`tidal_pytest_template.py`; the report plugin imports it in a template. It may use only the
-standard library, pytest and the zygote's tidal_zygote_forks (which serves the forks).
-
-The template process (`serve`) stops pytest's output capture (each answer's process starts its own,
-on its own descriptors), keeps the tests' source for tracebacks, and in process works out which
-names of which test modules came from `_Stub`, the stand-in for the answer's module the tests
-imported at collection; then it calls the zygote's `fork_point`. Each answer's process (`bind`)
-takes its own channel and nonce, starts watching as a session's start does, and, in process,
-imports the answer and rebinds those names, one test module after another in collection order, as
-collection would have: an import that fails fails that module's collection with the report pytest
-gives (`_pytest.runner.pytest_make_collect_report` on the module, with the import as its collect
-step), and its tests are dropped from the session, which then stops at the start of the test loop
-as any session with a collection error does.
-
-The template cannot stand in for a session whose tests use the answer while they are imported
-(`python_tests` checks the tests with `process_mode.template_problems` before it asks for a
-template); `serve` checks again: a stand-in that was called, or reached from any module but the
-collected test modules, makes it refuse (`fork_point(problem)`), and every answer then runs a
-session of its own.
+Not imported by tidal: shipped as the harness file `tidal_pytest_template.py`, imported by the
+report plugin in a template. Standard library, pytest and tidal_zygote_forks only. The template
+(`serve`) stops pytest's capture, keeps the tests' source for tracebacks, finds which names of the
+test modules came from `_Stub` (the stand-in for the answer's module at collection), then calls
+the zygote's `fork_point`. Each answer's process (`bind`) takes its own channel and nonce, starts
+watching as a session does and, in process, imports the answer and rebinds those names module by
+module, as collection would have (an import that fails is that module's collection error, as
+pytest reports it). `serve` refuses (`fork_point(problem)`) when the stand-in was called or reached
+from outside the collected test modules: every answer then runs a session of its own.
 """
 
 from __future__ import annotations
@@ -159,8 +148,8 @@ def _index_modules() -> None:
     """Bring inspect's index of module files up to date with `sys.modules`. `inspect.getmodule`
     (which pytest calls for each frame of a traceback it reports) rescans every module it has not
     indexed yet whenever a file is not in the index, as a frozen module's is (an import's frames):
-    300-odd `realpath` calls in each answer's process unless the index it inherits is current
-    (about 15 ms of the report of an answer that does not import, in a pool's job).
+    a `realpath` call per module in each answer's process unless the index it inherits is current
+    (much of the report of an answer that does not import).
 
     Where an index was made whole before (in the zygote, or in the base a template was forked
     from), only the modules imported since are indexed, as the rescan would index them: the
@@ -258,9 +247,9 @@ def _scan_names(holder: object) -> list[str]:
 
 def _index_plugins() -> None:
     """In a zygote: index the modules pytest registers as plugins (pytest's own, the harness's) for
-    the fixture scan every session starts with. The scan looks at every name of every plugin,
-    ~2,000 of them, to find the few fixtures and warn about fixtures hidden behind decorators:
-    half of a template's start-up. It acts only on a name whose value is a fixture or wraps
+    the fixture scan every session starts with. The scan looks at every name of every plugin (in
+    the thousands) to find the few fixtures and warn about fixtures hidden behind decorators: a
+    large part of a template's start-up. It acts only on a name whose value is a fixture or wraps
     something (`__wrapped__`), so a module's other names are left out of what it is shown: the
     same fixtures, registered in the same order (`dir`'s, sorted)."""
     from _pytest import fixtures

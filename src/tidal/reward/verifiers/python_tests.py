@@ -1,38 +1,17 @@
 """The `python_tests` verifier: the answer's code against the task's hidden tests, under pytest,
 in the sandbox.
 
-The last fenced code block of the answer (```python or a plain fence; the whole answer when there
-is none) becomes `entrypoint` (default solution.py) in a fresh workspace; the task's files and
-then its tests are written after it, so a test always wins a name clash. pytest runs with a plugin
-(pytest_report.py) that streams every test phase over a private socket, each line tagged with a
-per-run nonce. The score comes from that stream and from the test files themselves, never from
-stdout or the exit code alone:
-
-- the tests that count are those pytest collected plus every test function the test files define
-  (parsed here, on the host), so a test that vanished (module import failed, collection was
-  skipped, the process died) counts as failed;
-- a test passes when its setup and call raised nothing, its teardown did not fail, and it is not
-  marked xfail: skipped, xfailed, xpassed and missing tests are failures; value = passed / total;
-- test and task files are hashed before the run and checked after it; a changed or deleted one,
-  a new conftest.py/pytest.ini/sitecustomize.py/.pth, a plugin registered from the workspace, a
-  replaced pytest internal or a report line without the nonce is `tampered` (value 0), and so is
-  every tamper signal: the static scan of the answer (tamper_scan.py), the plugin's audit hook and
-  process scan, an exit with status 0 before the session ended, an exit status that is not
-  pytest's. The run is still judged, and the Score's info says what it would have scored.
-
-Modes (verifier arg `mode`, default `auto`, see process_mode.py): `in_process` imports the answer
-into the pytest process; `out_of_process` runs it in a separate process that the tests call with
-data only (function_proxy.py, candidate_server.py). `auto` picks out_of_process whenever the
-tests allow it. `call_timeout_s` (default half the run's timeout) bounds each call there.
-`traceback` (default `line`: the exception and pytest's crash line; `short`, `long` or `native`
-quote source as pytest's `--tb` does, at roughly a tenth more CPU per answer in a warm pool) shapes a
-failure's evidence.
-
-Outcomes (first that applies): infra_error (sandbox or pytest could not start; a broken task),
-tampered, timeout, memory_limit (limit hit, or a MemoryError in a test or at import), crashed
-(pytest died before finishing the session: os._exit, a signal), passed (every test passed and
-pytest exited 0), failed (everything else, including an answer that does not import: its tests
-fail at collection, which is the answer's fault, not a crash).
+The answer's last code block becomes `entrypoint` (default solution.py) in a fresh workspace, then
+the task's files and tests are written over it (a test wins a name clash). pytest runs with the
+report plugin (pytest_report.py), which streams every test phase over the private report channel,
+each line tagged with a per-run nonce. The score comes from that stream and from the test files
+(parsed here: a test that vanished counts as failed), never from stdout or the exit code alone;
+value = passed / total. Changed test or task files, planted configuration, a report line without
+the nonce and every other tamper signal (tamper_scan.py, the plugin's audit hook) are `tampered`.
+Verifier args: `mode` (`auto`, `in_process`, `out_of_process`; process_mode.py), `call_timeout_s`,
+`traceback` (pytest's `--tb`, default `line`), `entrypoint`, `test_order`. `python_tests_batch`
+scores one task's answers as jobs of a zygote (batch.py). The outcomes, in order, and every rule:
+docs/design/sandbox.md, "`python_tests`: from one pytest run to a score".
 """
 
 from __future__ import annotations
@@ -83,13 +62,12 @@ from tidal.sandbox.batch import (
 from tidal.types import Outcome, Score, Task
 
 PLUGIN_MODULE = "tidal_pytest_report"
-# Output capture off: nothing reads a test's output (the verdicts come from the report channel),
-# and pytest's capture of each test phase to a temporary file cost ~3% of a pool sample's CPU
-# (alternated `bench/sandbox_costs.py` runs; docs/design/sandbox.md, "Cost").
+# Output capture off: nothing reads a test's output (the verdicts come from the report channel), so
+# pytest's capture of each test phase to a temporary file would cost every job CPU for nothing.
 PYTEST_OPTIONS = ("-p", "no:cacheprovider", "-q", "--color=no", "--capture=no", "-o", "addopts=", "--rootdir=.")
 # pytest's --tb styles a task may pick (verifier arg `traceback`). The default, `line`: a failing
 # test's evidence is its exception and the line that raised it (pytest's crash line, which the
-# report plugin puts first); quoting source cost roughly a tenth of a pool sample's CPU (bench/RESULTS.md).
+# report plugin puts first); quoting source costs every failed test CPU (`bench/sandbox.py --traceback`).
 TRACEBACKS = ("line", "short", "long", "native")
 PLUGIN_SOURCE = (Path(__file__).parent / "pytest_report.py").read_text(encoding="utf-8")
 HARNESS_FILES = {
