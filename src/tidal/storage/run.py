@@ -242,16 +242,39 @@ class RunFolder:
     def read_metrics(self) -> list[dict[str, Any]]:
         """All metrics rows in order. A torn last line (a crash mid-write) is skipped with a
         warning; a malformed line before the last raises CheckpointError."""
+        return [row for _, row in self._metrics_lines()]
+
+    def drop_metrics_after(self, phase: str, step: int) -> int:
+        """Remove the rows of `phase` with a step above `step` from metrics.jsonl, keeping every
+        other row, byte for byte and in order; returns how many went. A resume from the checkpoint
+        of `step` calls it before redoing the later steps, whose rows would otherwise be there
+        twice (the crashed attempt's and the redone ones). Atomic: the file is rewritten whole
+        (`atomic_writer`), so a crash meanwhile leaves the old file. A torn last line goes too."""
+        kept: list[bytes] = []
+        dropped = 0
+        for line, row in self._metrics_lines():
+            if row.get("phase") == phase and isinstance(row.get("step"), int) and row["step"] > step:
+                dropped += 1
+            else:
+                kept.append(line)
+        if dropped:
+            with atomic_writer(self.metrics_path) as handle:
+                handle.write("".join(line.decode("utf-8") + "\n" for line in kept))
+            logger.info("%s: dropped %d %r row(s) after step %d, to be redone", self.metrics_path, dropped, phase, step)
+        return dropped
+
+    def _metrics_lines(self) -> Iterator[tuple[bytes, dict[str, Any]]]:
+        """(line, row) for each row of metrics.jsonl, in order; a torn last line is skipped with
+        a warning, a malformed line before the last raises CheckpointError."""
         if not self.metrics_path.is_file():
-            return []
+            return
         lines = self.metrics_path.read_bytes().split(b"\n")
-        rows: list[dict[str, Any]] = []
         last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
         for index, line in enumerate(lines):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line.decode("utf-8")))
+                row = json.loads(line.decode("utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as error:
                 where = f"{self.metrics_path}:{index + 1}"
                 reason = getattr(error, "msg", None) or str(error)
@@ -259,7 +282,7 @@ class RunFolder:
                     logger.warning("%s: skipped a torn last line (%s), left by an interrupted write", where, reason)
                     continue
                 raise CheckpointError(f"{where}: not valid JSON ({reason}); the metrics file is damaged") from None
-        return rows
+            yield line, row
 
     def _cut_torn_tail(self) -> None:
         """If the file does not end in a newline, a crash tore the last row: drop the partial

@@ -106,6 +106,34 @@ def test_complete_row_without_newline_is_kept(tmp_path: Path) -> None:
     assert [r["step"] for r in run.read_metrics()] == [1, 2, 3]
 
 
+def test_a_resume_drops_the_rows_of_the_steps_it_redoes(tmp_path: Path) -> None:
+    """Killed after step 5's row, resumed from the checkpoint of step 3: the rows of steps 4 and 5
+    (RL, and the held-out eval at 4) go before they are redone; every other row stays as it was."""
+    run = RunFolder.create(tmp_path, "resumed")
+    run.append_metrics({"phase": "warm_start", "step": 25, "loss": 1.0})
+    for step in range(1, 6):
+        run.append_metrics({"phase": "rl", "step": step, "loss": float("nan") if step == 2 else 0.1 * step})
+        if step % 2 == 0:
+            run.append_metrics({"phase": "eval", "step": step, "eval/math": 0.5})
+    with run.metrics_path.open("ab") as handle:  # and the crash tore step 6's row
+        handle.write(b'{"phase": "rl", "step": 6, "lo')
+    before = run.metrics_path.read_text().splitlines()
+
+    assert run.drop_metrics_after("rl", 3) == 2
+    assert run.drop_metrics_after("eval", 3) == 1
+    assert run.drop_metrics_after("rl", 3) == 0  # nothing left to drop: the file is not rewritten
+    after = run.metrics_path.read_text().splitlines()
+    assert after == [line for line in before[:-1] if not re.search(r'"step":[45][,}]', line)]  # byte for byte
+    assert [(r["phase"], r["step"]) for r in run.read_metrics()] == [
+        ("warm_start", 25), ("rl", 1), ("rl", 2), ("eval", 2), ("rl", 3)]
+    assert leftovers(run.path) == []
+
+    for step in (4, 5):  # the redone steps: each row once
+        run.append_metrics({"phase": "rl", "step": step, "loss": 0.0})
+    assert [r["step"] for r in run.read_metrics() if r["phase"] == "rl"] == [1, 2, 3, 4, 5]
+    assert RunFolder.create(tmp_path, "fresh").drop_metrics_after("rl", 0) == 0  # no metrics yet
+
+
 def test_damage_before_the_last_line_raises(tmp_path: Path) -> None:
     run = RunFolder.create(tmp_path, "bad")
     run.metrics_path.write_text('{"step": 1}\ngarbage\n{"step": 3}\n')
