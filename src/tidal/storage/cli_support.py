@@ -11,9 +11,11 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from tidal.errors import StoreError
+from tidal.errors import StoreError, StoreUnavailableError
 from tidal.storage.run import MARKER, RunFolder, dumps
+from tidal.storage.segments import SegmentFiles
 from tidal.storage.store import (
+    MANIFEST,
     TrajectoryStore,
     configured_store_url,
     existing_run_store,
@@ -23,21 +25,55 @@ from tidal.storage.trajectories import TrajectoryWriter
 
 def resolve_store(target: str, *, strict: bool = True) -> TrajectoryStore:
     """The store named by `target`: a run folder (its `run.trajectory_store` from config.yaml, else
-    `<run>/trajectories`) or a store URL/folder. A run of the JSONL era is pointed at `migrate`."""
+    `<run>/trajectories`) or a store URL/folder. A run of the JSONL era is pointed at `migrate`; a
+    run whose store is gone says so, a memory:// one that it ended with the training process."""
     path = Path(target)
     if "://" in target or not (path / MARKER).is_file():
-        return TrajectoryStore.open(target, strict=strict)
+        try:
+            return TrajectoryStore.open(target, strict=strict)
+        except StoreUnavailableError:
+            if _in_process(target):
+                raise _ended_with_its_process(target, "") from None
+            raise
     run = RunFolder(path)
     store = existing_run_store(run, strict=strict)
     if store is not None:
         return store
+    url = configured_store_url(run)
+    if _in_process(url):
+        raise _ended_with_its_process(url, f"{path}: the run's ")
     if TrajectoryWriter(run).jsonl_steps():
         raise StoreError(
             f"{path}: this run's trajectories are JSONL step files (written before the store); "
             f"convert them with `tidal trajectories migrate {target}`",
             str(run.trajectories_dir),
         )
-    raise StoreError(f"{path}: this run has no trajectory store yet (it has not reached RL)", configured_store_url(run))
+    if any(row.get("phase") == "rl" for row in run.read_metrics()):
+        raise StoreUnavailableError(
+            f"{path}: the run trained RL steps, but its trajectory store {url} is not there (no {MANIFEST}): "
+            "it was moved or deleted, or this machine sees another filesystem under that URL",
+            url,
+        )
+    raise StoreError(f"{path}: this run has no trajectory store yet at {url} (it has not reached RL)", url)
+
+
+def _ended_with_its_process(url: str, whose: str) -> StoreUnavailableError:
+    return StoreUnavailableError(
+        f"{whose or 'the '}trajectory store {url} lived in the training process; nothing to read (a memory:// store "
+        "ends with the process that wrote it; set run.trajectory_store to a folder or an object-store URL to keep it)",
+        url,
+    )
+
+
+def _in_process(url: str) -> bool:
+    """Whether the store at `url` lives only inside the process that made it: fsspec's memory://,
+    a dict of that process, which any other process sees empty."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    try:
+        return isinstance(SegmentFiles(url).fs, MemoryFileSystem)
+    except StoreUnavailableError:  # an unknown protocol: said where the store was opened
+        return False
 
 
 def print_table(rows: list[dict[str, Any]], columns: list[str], console: Console, max_width: int = 60) -> None:

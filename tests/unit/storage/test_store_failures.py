@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import re
+import uuid
 from pathlib import Path
 
 import fsspec
@@ -15,6 +17,7 @@ from tidal.config import load_config
 from tidal.errors import (
     ConfigError,
     CorruptSegmentError,
+    StoreError,
     StoreUnavailableError,
     StoreWriteError,
 )
@@ -114,3 +117,32 @@ def test_corrupt_pages_and_foreign_files_are_detected(store_url: str, make_step)
     fs.pipe_file(foreign, sink.getvalue().to_pybytes())
     with pytest.raises(CorruptSegmentError, match="not a tidal trajectories segment"):
         list(reader.records())
+
+
+def test_a_run_whose_store_lived_in_its_process_or_is_gone_says_so(tmp_path: Path) -> None:
+    """A later command reads the store the run's config.yaml names: a memory:// one died with the
+    training process (this process never had it), and a folder that is gone is not "before RL"."""
+    from typer.testing import CliRunner
+
+    from tidal.cli import app
+    from tidal.storage.cli_support import resolve_store
+
+    url = f"memory://tidal-test-{uuid.uuid4().hex}"
+    run = RunFolder.create(tmp_path, "mem")
+    run.config_path.write_text(f"run:\n  trajectory_store: {url}\n")
+    run.append_metrics({"phase": "rl", "step": 1})
+    ended = f"trajectory store {url}/mem lived in the training process; nothing to read"
+    for target in (str(run.path), f"{url}/mem"):
+        with pytest.raises(StoreUnavailableError, match=re.escape(ended)):
+            resolve_store(target)
+    shown = CliRunner().invoke(app, ["trajectories", "show", str(run.path), "mem/step-000000/g000/s00"])
+    assert shown.exit_code == 2 and ended in shown.output and "has not reached RL" not in shown.output
+
+    gone = RunFolder.create(tmp_path, "gone")
+    gone.config_path.write_text(f"run:\n  trajectory_store: {tmp_path / 'moved'}\n")
+    with pytest.raises(StoreError, match="has not reached RL"):  # true: no RL row yet
+        resolve_store(str(gone.path))
+    gone.append_metrics({"phase": "rl", "step": 1})
+    moved = f"trajectory store {tmp_path / 'moved'}/gone is not there"
+    with pytest.raises(StoreUnavailableError, match=re.escape(moved)):
+        resolve_store(str(gone.path))
