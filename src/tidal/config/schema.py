@@ -386,8 +386,9 @@ class PipelineConfig(Section):
     retry_max_backoff_s: float = Field(30.0, ge=0, le=86400, description="a retry's delay, at most")
     health_check_s: float = Field(
         30.0, ge=0, le=86400,
-        description="async mode: how often each idle rollout worker is health-checked (it answers, and computes "
-        "the canary of the weights it holds); a failed one is replaced. 0 = only after a failed chunk",
+        description="async mode: each rollout worker is health-checked (it answers, and computes the canary of the "
+        "weights it holds) after its first chunk, then every this many seconds; a failed one is replaced. "
+        "0 = only after a failed chunk",
     )
     health_timeout_s: float = Field(60.0, gt=0, le=86400, description="async mode: a health check's answer, at most")
     ratio_control: bool = Field(
