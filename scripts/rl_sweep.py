@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         name: [*common, f"trainer.steps={args.steps}", f"eval.every={args.eval_every}", *overrides]
         for name, overrides in args.arm
     }
-    script = "import sys; from pathlib import Path; from tidal.pipeline.quickstart import run_training; " \
+    script = "import sys; from pathlib import Path; from tidal.pipeline.run import run_training; " \
              "run_training(Path(sys.argv[1]), sys.argv[2:])"
     pending, running = list(arm_overrides), {}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}

@@ -87,7 +87,7 @@ def shared_base(config: Path, out: Path, base: Path | None, overrides: list[str]
     """`out/base`: the run every arm copies (tasks, warm start, evaluation before RL), copied from
     `base` when given, else made here from `config` and `overrides` (unless already there)."""
     from tidal.config import load_config
-    from tidal.pipeline.quickstart import Job, start_run
+    from tidal.pipeline.run import Job, start_run
 
     out.mkdir(parents=True, exist_ok=True)
     base_dir = out / "base"
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from tidal.config import load_config
-    from tidal.pipeline.quickstart import run_training
+    from tidal.pipeline.run import run_training
     from tidal.storage.run import RunFolder
 
     began = time.perf_counter()

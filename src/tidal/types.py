@@ -209,6 +209,15 @@ class Group:
         return [e for e in self.episodes if e.keep]
 
 
+def regroup(episodes: list[Episode], tasks: dict[str, Task]) -> list[Group]:
+    """Episodes made elsewhere (read back from a store, built by hand) as `Group`s: one per
+    `group_id`, in order of first appearance, each with its task from `tasks` (by task id)."""
+    members: dict[str, list[Episode]] = {}
+    for episode in episodes:
+        members.setdefault(episode.group_id, []).append(episode)
+    return [Group(tasks[group[0].task_id], position, group) for position, group in enumerate(members.values())]
+
+
 def flatten(groups: list[Group]) -> list[Episode]:
     """The episodes of `groups`, in group order."""
     return [episode for group in groups for episode in group.episodes]

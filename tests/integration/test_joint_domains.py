@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from tidal.pipeline import quickstart as qs
+from tidal.pipeline import run as pipeline_run
 from tidal.storage.run import RunFolder
 from tidal.trainer.checkpoint import latest_checkpoint
 
@@ -71,7 +72,7 @@ def test_joint_run_raises_every_domains_reward_and_resumes_its_state(tmp_path: P
     run.path.joinpath("state.json").write_text(json.dumps(state))
     for step in sorted((run.checkpoints_dir / "rl").iterdir())[1:]:
         shutil.rmtree(step)
-    qs.run_training(run.path, [])
+    pipeline_run.run_training(run.path, [])
     resumed = [m for m in RunFolder.open(run.path).read_metrics() if m.get("phase") == "rl"]
     assert resumed[-1]["step"] == 30
     assert resumed[-1]["norm/knowledge/count"] == rows[-1]["norm/knowledge/count"]

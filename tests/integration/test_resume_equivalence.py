@@ -11,6 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from tidal.pipeline import quickstart as qs
+from tidal.pipeline import run as pipeline_run
 from tidal.rollout.engine import EmbeddedEngine
 from tidal.storage.run import RunFolder
 
@@ -51,7 +52,7 @@ def test_a_run_killed_at_step_k_and_resumed_equals_the_uninterrupted_run(
     monkeypatch.setattr(EmbeddedEngine, "update_weights", original)
     killed = RunFolder.open(tmp_path / "killed")
     assert sorted(_rows(killed)) == [1, 2]
-    qs.run_training(killed.path, [])
+    pipeline_run.run_training(killed.path, [])
 
     a, b = _rows(whole), _rows(killed)
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidal.config.schema import WatchConfig
-from tidal.types import Episode, Outcome, Task
+from tidal.types import Episode, Group, Outcome, Task
 
 log = logging.getLogger(__name__)
 
@@ -63,27 +63,25 @@ class TaskWatch:
         # A new dict swapped in whole: the async loop's sampler thread reads it while this runs.
         self.heldout = {**self.heldout, **{d: r for d, r in pass_rates.items() if r is not None}}
 
-    def observe(self, episodes: list[Episode], tasks: dict[str, Task], step: int) -> list[Quarantine]:
-        """Take in one step's gated episodes; return the tasks quarantined now."""
+    def observe(self, groups: list[Group], step: int) -> list[Quarantine]:
+        """Take in one step's gated groups; return the tasks quarantined now."""
         if not self.config.enabled:
             return []
-        groups: dict[str, list[Episode]] = defaultdict(list)
-        for episode in episodes:
-            groups[episode.group_id].append(episode)
-            signals = self.signals[episode.task_id]
-            signals.samples += 1
-            score = episode.score
-            if episode.drop_reason == "tampered" or (score is not None and score.outcome is Outcome.TAMPERED):
-                signals.tampered += 1
-            elif score is not None and score.outcome is not Outcome.INFRA_ERROR:
-                signals.scored += 1
-                signals.reward_sum += score.value
-        for members in groups.values():
-            task = tasks.get(members[0].task_id)
-            if task is not None and self._short_all_pass(members, task):
-                self.signals[task.id].short_pass_groups += 1
+        for group in groups:
+            for episode in group.episodes:
+                signals = self.signals[episode.task_id]
+                signals.samples += 1
+                score = episode.score
+                if episode.drop_reason == "tampered" or (score is not None and score.outcome is Outcome.TAMPERED):
+                    signals.tampered += 1
+                elif score is not None and score.outcome is not Outcome.INFRA_ERROR:
+                    signals.scored += 1
+                    signals.reward_sum += score.value
+            if self._short_all_pass(group.episodes, group.task):
+                self.signals[group.task.id].short_pass_groups += 1
+        tasks = {group.task.id: group.task for group in groups}
         new = []
-        for task_id in dict.fromkeys(e.task_id for e in episodes):
+        for task_id in tasks:
             if task_id in self.quarantined:
                 continue
             reason = self._reason(task_id, tasks.get(task_id))

@@ -23,11 +23,6 @@ if TYPE_CHECKING:
     from tidal.rollout.protocol import RolloutEngine
 
 
-def is_multi_turn(task: Task) -> bool:
-    """Whether a task is an agent episode (tools, or more than one step) rather than one answer."""
-    return task.domain == "agent" or bool(task.tools) or task.max_steps > 1
-
-
 def episode_from_result(result: AgentResult, episode_id: str, group_id: str, version: int) -> Episode:
     """The trainable record of one agent episode. Its completion starts after the first prompt;
     `weight_version` is the oldest weights any of its turns used."""

@@ -69,10 +69,12 @@ def run_rl(parts: LoopParts, start_step: int = 0, hooks: Sequence[StepHook] = ()
     """Train from `start_step` to `trainer.steps`. Returns the number of updates made now
     (rolled-back ones included)."""
     cfg = parts.config
-    store = open_run_store(parts.run, cfg.run.trajectory_store)  # an unwritable URL fails here, at once
     store_lock = threading.Lock()
     taken, step = 0, start_step
     while step < cfg.trainer.steps:
+        # A new attempt of the store each time through (a rolled-back step's ids are written again);
+        # an unwritable URL fails here, at once.
+        store = open_run_store(parts.run, cfg.run.trajectory_store)
         rewind(parts, store, step)
         source = open_source(parts, store, store_lock, step)
         request: Rollback | None = None

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import dataclasses
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from tidal.models.io import (
     save_checkpoint,
 )
 from tidal.pipeline.domains import DomainRuntime, make_suspect_auditor
-from tidal.pipeline.loop import Rollback, StepContext, resume_rl, run_rl
+from tidal.pipeline.loop import Rollback, StepContext, StepHook, resume_rl, run_rl
 from tidal.pipeline.scheduler import EVAL_PRIORITY
 from tidal.pipeline.stages import LoopParts
 from tidal.pipeline.warmstart import sft_examples, split_for_warm_start, warm_start
@@ -132,8 +133,9 @@ class HeldoutHook:
 class Job:
     """One training run in one run folder, phase by phase."""
 
-    def __init__(self, cfg: TidalConfig, run: RunFolder) -> None:
+    def __init__(self, cfg: TidalConfig, run: RunFolder, hooks: Sequence[StepHook] = ()) -> None:
         self.cfg, self.run = cfg, run
+        self.hooks = list(hooks)  # optional features (e.g. a stability guard), after the job's own
         self.state: dict[str, Any] = run.read_json("state.json") if (run.path / "state.json").exists() else {}
         self.started = time.perf_counter()
         # Quarantined eval tasks are still evaluated, and reported apart.
@@ -228,7 +230,7 @@ class Job:
         self.progress.phase("rl", cfg.trainer.steps, start)
         began = time.perf_counter()
         before_rates = {d: r["pass_rate"] for d, r in pass_rates(before).items() if r["pass_rate"] is not None}
-        run_rl(parts, start, [ProgressHook(self.progress), HeldoutHook(self, evaluate, before_rates)])
+        run_rl(parts, start, [ProgressHook(self.progress), HeldoutHook(self, evaluate, before_rates), *self.hooks])
         self.mark("rl", cfg.trainer.steps)
         return time.perf_counter() - began
 

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidal.agent.sampling import is_multi_turn
 from tidal.algos import assign_advantages
 from tidal.audit.continuous import TaskWatch
 from tidal.config.schema import TidalConfig
 from tidal.gate import gate_episodes
 from tidal.models.io import render_prompt
-from tidal.pipeline.agent_rollout import is_multi_turn, sample_agent_groups
+from tidal.pipeline.agent_rollout import sample_agent_groups
 from tidal.pipeline.domains import DomainRuntime
 from tidal.reward.protocol import ScoringWorker
 from tidal.rollout.engine import Cancel, SamplingParams

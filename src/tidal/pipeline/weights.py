@@ -2,19 +2,15 @@
 rollout worker verifies what it loaded before it generates with it.
 
 A `Publication` is a CPU snapshot of the trainer's `state_dict` at one version, with
-
-- `checksum`: SHA-256 over every tensor in name order (name, dtype, shape, then the raw bytes).
-  It catches a tensor changed, dropped or reshaped on the way (a bad copy, a torn transfer, a
-  mix-up of versions). Cost: one pass over the weights on each side, about 1 s per GB; on the
-  trainer's side it is paid once per update, on the rollout side once per version it loads.
-- `canary`: the logprobs of a fixed prompt + completion (`canary_ids`) under the new weights, as
-  the trainer's model computes them. The rollout worker recomputes them with *its* model after
-  loading: equal bytes in a model that computes something else (tied weights not tied, a buffer
-  left stale, a wrong dtype or attention kernel) fail here, beyond `pipeline.canary_tolerance`.
-
+- `checksum`: SHA-256 over every tensor in name order (name, dtype, shape, raw bytes): it catches
+  a tensor changed, dropped or reshaped on the way (a bad copy, a torn transfer, mixed versions);
+- `canary`: the logprobs of a fixed prompt + completion (`canary_ids`) under the new weights. The
+  worker recomputes them with its own model after loading, so equal bytes in a model that
+  computes something else (tied weights not tied, a stale buffer, a wrong dtype or kernel) fail
+  too, beyond `pipeline.canary_tolerance`.
 A weight that fails either check is refused with `WeightVerificationError` (version, what
-differed, by how much); the rollout worker never generates with it. Waiting for a version that
-never comes raises `WeightTimeoutError` after `pipeline.weight_timeout_s` instead of hanging.
+differed, by how much). Waiting for a version that never comes raises `WeightTimeoutError`
+after `pipeline.weight_timeout_s` instead of hanging.
 """
 
 from __future__ import annotations

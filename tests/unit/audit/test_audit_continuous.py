@@ -11,9 +11,9 @@ from tidal.audit import TaskWatch, load_quarantine, write_quarantine
 from tidal.config.schema import DomainConfig, TasksConfig, TidalConfig, WatchConfig
 from tidal.errors import TidalError
 from tidal.eval.heldout import compare, pass_rates
-from tidal.pipeline.quickstart import build_tasks
+from tidal.pipeline.run import build_tasks
 from tidal.tasks.mixer import TaskMixer
-from tidal.types import Completion, Episode, Outcome, Score, Task
+from tidal.types import Completion, Episode, Outcome, Score, Task, regroup
 
 CONFIG = WatchConfig(min_samples=4, max_tamper_rate=0.5, short_answer_chars=8, max_short_pass_groups=2,
                      max_heldout_gap=0.5)
@@ -37,8 +37,8 @@ def episodes(task_id: str, group: str, outcomes: list[Outcome], text: str = "x" 
 
 def test_tamper_rate_quarantines_after_min_samples() -> None:
     watch, tasks = TaskWatch(CONFIG), {"a": task("a"), "b": task("b")}
-    assert watch.observe(episodes("a", "g1", [Outcome.TAMPERED, Outcome.TAMPERED, Outcome.FAILED]), tasks, 1) == []
-    [decision] = watch.observe(episodes("a", "g2", [Outcome.FAILED]) + episodes("b", "g3", [Outcome.FAILED] * 4), tasks, 2)
+    assert watch.observe(regroup(episodes("a", "g1", [Outcome.TAMPERED, Outcome.TAMPERED, Outcome.FAILED]), tasks), 1) == []
+    [decision] = watch.observe(regroup(episodes("a", "g2", [Outcome.FAILED]) + episodes("b", "g3", [Outcome.FAILED] * 4), tasks), 2)
     assert (decision.task_id, decision.step, decision.reason) == ("a", 2, "tamper rate 2/4 >= 0.5")
     assert watch.metrics() == {"audit/quarantined": 1, "audit/max_tamper_rate": 0.5}
 
@@ -50,14 +50,14 @@ def test_the_watch_resumes_its_counts_from_a_checkpoint() -> None:
     tasks = {"a": task("a")}
     before = TaskWatch(CONFIG)
     before.set_heldout({"code": 0.25})
-    assert before.observe(episodes("a", "g1", [Outcome.TAMPERED, Outcome.FAILED, Outcome.FAILED]), tasks, 1) == []
+    assert before.observe(regroup(episodes("a", "g1", [Outcome.TAMPERED, Outcome.FAILED, Outcome.FAILED]), tasks), 1) == []
     resumed = TaskWatch(CONFIG)
     resumed.load_state_dict(json.loads(json.dumps(before.state_dict())))
     assert resumed.heldout == {"code": 0.25}
-    [decision] = resumed.observe(episodes("a", "g2", [Outcome.TAMPERED]), tasks, 2)
+    [decision] = resumed.observe(regroup(episodes("a", "g2", [Outcome.TAMPERED]), tasks), 2)
     assert decision.reason == "tamper rate 2/4 >= 0.5"  # 1 of 3 before the resume, 1 of 1 after
     fresh = TaskWatch(CONFIG)
-    assert fresh.observe(episodes("a", "g2", [Outcome.TAMPERED]), tasks, 2) == []  # what a reset would miss
+    assert fresh.observe(regroup(episodes("a", "g2", [Outcome.TAMPERED]), tasks), 2) == []  # what a reset would miss
     again = TaskWatch(CONFIG)
     again.load_state_dict(json.loads(json.dumps(resumed.state_dict())))
     assert set(again.quarantined) == {"a"}
@@ -67,8 +67,8 @@ def test_short_all_pass_groups_count_only_when_the_reference_is_long() -> None:
     tasks = {"code": task("code"), "math": task("math", "math", reference="42")}
     watch = TaskWatch(CONFIG)
     for step in (1, 2):
-        found = watch.observe(episodes("code", f"c{step}", [Outcome.PASSED] * 3, text="ok") +
-                              episodes("math", f"m{step}", [Outcome.PASSED] * 3, text="42", domain="math"), tasks, step)
+        found = watch.observe(regroup(episodes("code", f"c{step}", [Outcome.PASSED] * 3, text="ok") +
+                              episodes("math", f"m{step}", [Outcome.PASSED] * 3, text="42", domain="math"), tasks), step)
     assert [q.task_id for q in found] == ["code"]
     assert "code" in watch.quarantined and "math" not in watch.quarantined
 
@@ -76,7 +76,7 @@ def test_short_all_pass_groups_count_only_when_the_reference_is_long() -> None:
 def test_reward_far_above_heldout_quarantines() -> None:
     watch, tasks = TaskWatch(CONFIG), {"a": task("a")}
     watch.set_heldout({"code": 0.1, "overall": None})
-    [decision] = watch.observe(episodes("a", "g", [Outcome.PASSED] * 4), tasks, 3)
+    [decision] = watch.observe(regroup(episodes("a", "g", [Outcome.PASSED] * 4), tasks), 3)
     assert decision.reason.startswith("train reward 1.00 exceeds the held-out pass rate of code (0.10)")
 
 

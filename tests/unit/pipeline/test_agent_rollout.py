@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
+from tidal.agent.sampling import is_multi_turn
 from tidal.config.schema import ModelConfig, TidalConfig, TinyModelConfig
 from tidal.models import load_model
 from tidal.pipeline import quickstart as qs
-from tidal.pipeline.agent_rollout import is_multi_turn, sample_agent_episodes
+from tidal.pipeline.stages import Sampler
 from tidal.rollout import EmbeddedEngine
 from tidal.storage.run import RunFolder
 from tidal.trainer.logprobs import collate, token_logprobs
@@ -32,11 +32,12 @@ def test_agent_episodes_train_only_their_generated_tokens() -> None:
         "tasks": {"domains": {"agent": {"family": "agent"}}},
         "rollout": {"group_size": 2, "max_new_tokens": 12, "agent_max_tokens": 4000},
     })
-    parts = SimpleNamespace(config=cfg, engine=engine, run=SimpleNamespace(name="run"))
     plain = Task(id="math/t", domain="math", prompt="1+1?", verifier={"name": "exact_match", "answer": "2"})
     assert is_multi_turn(TASK) and not is_multi_turn(plain)
 
-    episodes = sample_agent_episodes(parts, [(3, TASK)], step=0)  # type: ignore[arg-type]
+    [group] = Sampler(cfg, "run", engine).sample([TASK], step=0, positions=[3])
+    episodes = group.episodes
+    assert group.task is TASK and group.position == 3
     assert [e.id for e in episodes] == ["run/step-000000/g003/s00", "run/step-000000/g003/s01"]
     for episode in episodes:
         c = episode.completion

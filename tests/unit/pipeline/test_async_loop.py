@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from tidal.pipeline import async_loop
+from tidal.pipeline import async_source
 from tidal.pipeline import quickstart as qs
+from tidal.pipeline import run as pipeline_run
 from tidal.pipeline.weights import WeightTimeoutError
 from tidal.storage.run import RunFolder
 from tidal.storage.store import TrajectoryStore, existing_run_store
@@ -73,7 +74,7 @@ def _force_rollout_ahead(monkeypatch: pytest.MonkeyPatch, bound: int) -> list[tu
     started: list[tuple[int, int]] = []
     refused: list[int] = []
     changed = threading.Condition()
-    original_generate, original_step, original_wait = async_loop._Sampler._generate, Trainer.rl_step, async_loop.WeightChannel.wait
+    original_generate, original_step, original_wait = async_source._Sampler._generate, Trainer.rl_step, async_source.WeightChannel.wait
 
     def generate(self: Any, tasks: Any, step: int, publication: Any) -> Any:
         with changed:
@@ -81,7 +82,7 @@ def _force_rollout_ahead(monkeypatch: pytest.MonkeyPatch, bound: int) -> list[tu
             changed.notify_all()
         return original_generate(self, tasks, step, publication)
 
-    def wait(self: async_loop.WeightChannel, timeout: float) -> None:
+    def wait(self: async_source.WeightChannel, timeout: float) -> None:
         with changed:  # the rollout thread waits for weights only when admission refused its next batch
             refused.append(max((s for s, _ in started), default=-1) + 1)
             changed.notify_all()
@@ -98,8 +99,8 @@ def _force_rollout_ahead(monkeypatch: pytest.MonkeyPatch, bound: int) -> list[tu
             assert changed.wait_for(lambda: went_far_enough(target), timeout=120)
         return original_step(self, batch, replay)
 
-    monkeypatch.setattr(async_loop._Sampler, "_generate", generate)
-    monkeypatch.setattr(async_loop.WeightChannel, "wait", wait)
+    monkeypatch.setattr(async_source._Sampler, "_generate", generate)
+    monkeypatch.setattr(async_source.WeightChannel, "wait", wait)
     monkeypatch.setattr(Trainer, "rl_step", rl_step)
     return started
 
@@ -174,7 +175,7 @@ def test_resume_after_a_crash_trains_every_id_exactly_once(
     first_tasks = {row["id"]: row["task_id"] for row in before}
 
     monkeypatch.setattr(Trainer, "rl_step", original)
-    qs.run_training(run.path, [])
+    pipeline_run.run_training(run.path, [])
     store = _store(run)
     _assert_exactly_once(store, bound=1)
     steps = [m["step"] for m in run.read_metrics() if m.get("phase") == "rl"]
@@ -196,7 +197,7 @@ def test_the_next_batch_is_generated_while_this_one_is_scored(
     started: set[int] = set()
     overlapped: list[tuple[int, bool]] = []
     changed = threading.Condition()
-    original_generate, original_score = async_loop._Sampler._generate, async_loop._Scoring.run
+    original_generate, original_score = async_source._Sampler._generate, async_source._Scoring.run
 
     def generate(self: Any, tasks: Any, step: int, publication: Any) -> Any:
         with changed:
@@ -204,15 +205,15 @@ def test_the_next_batch_is_generated_while_this_one_is_scored(
             changed.notify_all()
         return original_generate(self, tasks, step, publication)
 
-    def score(self: async_loop._Scoring) -> None:
+    def score(self: async_source._Scoring) -> None:
         step = self.sampled.step
         if step + 1 < STEPS:
             with changed:
                 overlapped.append((step, changed.wait_for(lambda: step + 1 in started, timeout=30)))
         original_score(self)
 
-    monkeypatch.setattr(async_loop._Sampler, "_generate", generate)
-    monkeypatch.setattr(async_loop._Scoring, "run", score)
+    monkeypatch.setattr(async_source._Sampler, "_generate", generate)
+    monkeypatch.setattr(async_source._Scoring, "run", score)
     run = _run(tmp_path, "overlap", "pipeline.mode=async", "algorithm.max_staleness=1", "pipeline.scorer_workers=2", *backend)
     assert overlapped == [(step, True) for step in range(STEPS - 1)]
     _assert_exactly_once(_store(run), bound=1)
@@ -226,9 +227,9 @@ def _score_with_depth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: 
     scoring: set[int] = set()
     overlapped: list[tuple[int, bool]] = []
     changed = threading.Condition()
-    original_score = async_loop._Scoring.run
+    original_score = async_source._Scoring.run
 
-    def score(self: async_loop._Scoring) -> None:
+    def score(self: async_source._Scoring) -> None:
         step = self.sampled.step
         with changed:
             scoring.add(step)
@@ -237,7 +238,7 @@ def _score_with_depth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: 
                 overlapped.append((step, changed.wait_for(lambda: step + 1 in scoring, timeout=30 if depth > 1 else 1)))
         original_score(self)
 
-    monkeypatch.setattr(async_loop._Scoring, "run", score)
+    monkeypatch.setattr(async_source._Scoring, "run", score)
     run = _run(tmp_path, f"depth-{depth}", "pipeline.mode=async", "algorithm.max_staleness=1",
                f"pipeline.scoring_depth={depth}", *backend)
     assert overlapped == [(step, depth > 1) for step in range(STEPS - 1)]
@@ -284,7 +285,7 @@ def test_two_rollout_workers_share_the_batches_which_still_train_in_order_once(
     weight version its worker generated it with, and every kept id is trained exactly once."""
     started: list[tuple[int, int, int]] = []  # (step, worker, weight version)
     changed = threading.Condition()
-    original_chunk = async_loop._chunk_sampler
+    original_chunk = async_source._chunk_sampler
 
     def chunk_sampler(tasks: Any, step: int, publication: Any, positions: list[int]) -> Any:
         run = original_chunk(tasks, step, publication, positions)
@@ -299,7 +300,7 @@ def test_two_rollout_workers_share_the_batches_which_still_train_in_order_once(
 
         return hooked
 
-    monkeypatch.setattr(async_loop, "_chunk_sampler", chunk_sampler)
+    monkeypatch.setattr(async_source, "_chunk_sampler", chunk_sampler)
     run = _run(tmp_path, "workers", "pipeline.mode=async", "algorithm.max_staleness=1", "pipeline.rollout_workers=2",
                *backend)
 
@@ -327,7 +328,7 @@ def test_ratio_control_reports_its_window_within_bounds_and_narrows_it_for_a_slo
         return original(self, batch, replay)
 
     monkeypatch.setattr(Trainer, "rl_step", slow)
-    caplog.set_level("INFO", logger="tidal.pipeline.async_loop")
+    caplog.set_level("INFO", logger="tidal.pipeline.async_source")
     run = _run(tmp_path, "ratio", "pipeline.mode=async", "algorithm.max_staleness=2", "pipeline.queue_size=1",
                "pipeline.ratio_control=true")
     rows = [m for m in run.read_metrics() if m.get("phase") == "rl"]
@@ -407,7 +408,7 @@ def test_a_trainer_killed_mid_run_resumes_from_its_folder(tmp_path: Path, backen
     run = RunFolder.open(tmp_path / "killed")
     assert max(m["step"] for m in run.read_metrics() if m.get("phase") == "rl") < STEPS
 
-    qs.run_training(run.path, [])
+    pipeline_run.run_training(run.path, [])
     steps = [m["step"] for m in run.read_metrics() if m.get("phase") == "rl"]
     assert set(steps) == set(range(1, STEPS + 1)) and steps[-1] == STEPS
     _assert_exactly_once(_store(run), bound=1)

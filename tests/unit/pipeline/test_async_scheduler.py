@@ -13,7 +13,7 @@ import pytest
 
 from tidal.errors import WorkerLostError
 from tidal.pipeline.backends.local import LocalRollout
-from tidal.pipeline.loop import plan_chunks
+from tidal.pipeline.stages import plan_chunks
 from tidal.storage.run import RunFolder
 from tidal.trainer.trainer import Trainer
 from tidal.types import Task

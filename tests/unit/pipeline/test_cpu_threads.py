@@ -45,17 +45,17 @@ def four_threads() -> Iterator[None]:
 def _seen(monkeypatch: pytest.MonkeyPatch) -> dict[str, set[tuple[str, int]]]:
     """Records (thread name, torch threads) inside every worker's sampling and trainer update."""
     seen: dict[str, set[tuple[str, int]]] = {"sample": set(), "train": set()}
-    sample, rl_step = local.sample_episodes, Trainer.rl_step
+    sample, rl_step = local.Sampler.sample, Trainer.rl_step
 
-    def sample_episodes(*args: Any, **kwargs: Any) -> Any:
+    def sample_groups(self: local.Sampler, *args: Any, **kwargs: Any) -> Any:
         seen["sample"].add((threading.current_thread().name, torch.get_num_threads()))
-        return sample(*args, **kwargs)
+        return sample(self, *args, **kwargs)
 
     def train(self: Trainer, *args: Any, **kwargs: Any) -> dict[str, float]:
         seen["train"].add((threading.current_thread().name, torch.get_num_threads()))
         return rl_step(self, *args, **kwargs)
 
-    monkeypatch.setattr(local, "sample_episodes", sample_episodes)
+    monkeypatch.setattr(local.Sampler, "sample", sample_groups)
     monkeypatch.setattr(Trainer, "rl_step", train)
     return seen
 

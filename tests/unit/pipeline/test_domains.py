@@ -16,7 +16,7 @@ from tidal.gate import gate_episodes
 from tidal.pipeline.domains import DomainRuntime, pad_examples
 from tidal.reward.scorer import Scorer
 from tidal.tasks.mixer import TaskMixer
-from tidal.types import Completion, Episode, Task
+from tidal.types import Completion, Episode, Task, regroup
 
 
 def _task(domain: str, index: int, answer: str = "yes") -> Task:
@@ -63,10 +63,10 @@ def test_compose_sums_the_weighted_sub_rewards_and_gates_on_the_sum() -> None:
     scorer = Scorer(cfg.reward)
     # Both answers are wrong for the task, but only one has the format: the group has signal.
     episodes = _scored(scorer, {task.id: task}, [_episode(task, "g0", 0, "no!"), _episode(task, "g0", 1, "NO")])
-    runtime.compose(scorer, episodes, {task.id: task})
+    runtime.compose(scorer, regroup(episodes, {task.id: task}))
     assert [e.reward for e in episodes] == [pytest.approx(0.2), pytest.approx(0.0)]
     assert episodes[0].score.components["reward/regex"] == 1.0 and episodes[0].score.components["reward/task"] == 0.0
-    drops = gate_episodes(episodes, cfg.gate, cfg.rollout.max_new_tokens)
+    drops = gate_episodes(regroup(episodes, {task.id: task}), cfg.gate, cfg.rollout.max_new_tokens)
     assert drops["zero_variance"] == 0 and all(e.keep for e in episodes)
 
 
@@ -75,9 +75,9 @@ def test_a_sub_reward_that_cannot_be_scored_drops_the_sample_as_infra_error() ->
     task = _task("general", 0)
     runtime, scorer = _runtime(cfg, [task]), Scorer(cfg.reward)
     episodes = _scored(scorer, {task.id: task}, [_episode(task, "g0", 0, "yes"), _episode(task, "g0", 1, "no")])
-    runtime.compose(scorer, episodes, {task.id: task})
+    runtime.compose(scorer, regroup(episodes, {task.id: task}))
     assert all(math.isnan(e.reward) for e in episodes)
-    drops = gate_episodes(episodes, cfg.gate, cfg.rollout.max_new_tokens)
+    drops = gate_episodes(regroup(episodes, {task.id: task}), cfg.gate, cfg.rollout.max_new_tokens)
     assert drops["infra_error"] == 2
 
 
@@ -110,9 +110,10 @@ def test_curriculum_keeps_suspects_out_and_the_auditor_decides() -> None:
     for index, (task_id, texts) in enumerate(answers.items()):
         episodes += [_episode(by_id[task_id], f"g{index}", k, text) for k, text in enumerate(texts)]
     _scored(scorer, by_id, episodes)
-    gate_episodes(episodes, cfg.gate, cfg.rollout.max_new_tokens)
+    gate_episodes(regroup(episodes, by_id), cfg.gate, cfg.rollout.max_new_tokens)
     audited: list[str] = []
-    decided = runtime.observe(episodes, step=0, auditor=lambda task_id: audited.append(task_id) or "broken")
+    runtime.auditor = lambda task_id: audited.append(task_id) or "broken"
+    decided = runtime.observe(regroup(episodes, by_id), step=0)
     assert decided == [("general-0", "broken")] and audited == ["general-0"]
     assert runtime.mixer.excluded == {"general-0"}
     # Two of three groups had zero variance.
@@ -132,9 +133,9 @@ def test_dynamic_sampling_draws_more_and_trims_to_tasks_per_step() -> None:
     assert runtime.tasks_to_draw() == 4  # 2 / (1 - 0.5)
     episodes = [_episode(tasks[g], f"g{g}", k, "x") for g in range(3) for k in range(2)]
     episodes[0].keep, episodes[1].keep = False, False  # group 0 was dropped by the gate
-    assert runtime.trim(episodes) == 0
+    assert runtime.trim(regroup(episodes, {t.id: t for t in tasks})) == 0
     episodes[0].keep = episodes[1].keep = True
-    assert runtime.trim(episodes) == 2
+    assert runtime.trim(regroup(episodes, {t.id: t for t in tasks})) == 2
     assert [e.drop_reason for e in episodes[4:]] == ["surplus", "surplus"]
 
 
@@ -192,19 +193,19 @@ def test_state_survives_a_json_round_trip_and_rejects_another_config() -> None:
     def batch(step: int) -> list[Episode]:
         texts = ["yes", "no", "no", "yes"] if step % 2 else ["yes", "yes", "no", "no"]
         episodes = _scored(scorer, by_id, [_episode(tasks[step % 2], f"s{step}", k, t) for k, t in enumerate(texts)])
-        gate_episodes(episodes, cfg.gate, cfg.rollout.max_new_tokens)
+        gate_episodes(regroup(episodes, by_id), cfg.gate, cfg.rollout.max_new_tokens)
         return episodes
 
     first, second = _runtime(cfg, tasks), _runtime(cfg, tasks)
     for step in range(3):
         for runtime in (first, second):
             episodes = batch(step)
-            runtime.observe(episodes, step)
+            runtime.observe(regroup(episodes, by_id), step)
             runtime.normalise(episodes)
     second.load_state_dict(json.loads(json.dumps(first.state_dict())))
     for runtime in (first, second):
         episodes = batch(3)
-        runtime.observe(episodes, 3)
+        runtime.observe(regroup(episodes, by_id), 3)
         runtime.normalise(episodes)
         runtime.rewards = [e.reward for e in episodes]
     assert first.rewards == second.rewards
@@ -216,7 +217,7 @@ def test_state_survives_a_json_round_trip_and_rejects_another_config() -> None:
 
 
 def test_sampled_vs_trained_distributions() -> None:
-    from tidal.pipeline.loop import distribution_metrics
+    from tidal.pipeline.stages import distribution_metrics
 
     task = _task("general", 0)
     episodes = [_episode(task, "g", k, "x") for k in range(4)]

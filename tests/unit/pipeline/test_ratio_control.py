@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidal.config.schema import PipelineConfig
-from tidal.pipeline.async_loop import RatioController, ratio_bounds
+from tidal.pipeline.ratio import RatioController, ratio_bounds
 
 BUSY = {"trainer_idle_s": 0.0, "step_s": 4.0, "sampler_idle_s": 0.0, "generate_s": 1.0, "buffer_full": False}
 

@@ -13,6 +13,7 @@ from tidal.config import load_config
 from tidal.errors import PreemptedError
 from tidal.models import load_model
 from tidal.pipeline import quickstart as qs
+from tidal.pipeline import run as pipeline_run
 from tidal.pipeline.weights import canary_ids, publish
 from tidal.rollout.engine import EmbeddedEngine
 
@@ -26,7 +27,7 @@ def test_a_ray_rollout_actor_is_preempted_mid_batch_and_then_generates_the_same_
     loaded = load_model(cfg.model)
     engine = EmbeddedEngine(loaded.model, loaded.tokenizer)
     parts = SimpleNamespace(config=cfg, engine=engine, run=SimpleNamespace(name="ray-preempt"))
-    train, _ = qs.build_tasks(cfg)
+    train, _ = pipeline_run.build_tasks(cfg)
     tasks = [task for domain in train.values() for task in domain]
     publication = publish(loaded.model, 0, canary_ids(loaded.tokenizer))
     workers = BACKEND.start(parts)  # type: ignore[arg-type]
@@ -39,8 +40,9 @@ def test_a_ray_rollout_actor_is_preempted_mid_batch_and_then_generates_the_same_
             worker.sample(tasks, 0, publication, None, cancel)
         worker.check()  # still answers, with the weights it holds
         again = worker.sample(tasks, 0, publication, None, threading.Event())
-        assert [e.completion.token_ids for e in again] == [e.completion.token_ids for e in expected]
-        assert [e.id for e in again] == [e.id for e in expected]
+        assert [e.completion.token_ids for g in again for e in g.episodes] == \
+                [e.completion.token_ids for g in expected for e in g.episodes]
+        assert [e.id for g in again for e in g.episodes] == [e.id for g in expected for e in g.episodes]
         assert workers.restarts()["rollout"] == 0  # the same actor process throughout
     finally:
         workers.close()

@@ -134,14 +134,20 @@ def test_the_ray_rollout_actor_verifies_what_it_fetched(trainer_model: LoadedMod
     import ray
 
     from tidal.config import load_config
-    from tidal.pipeline.backends.ray import NAMESPACE, RayRollout, RolloutActor, _PutWeights, _Restarts
+    from tidal.pipeline.backends.ray import (
+        NAMESPACE,
+        RayRollout,
+        RolloutActor,
+        _PutWeights,
+        _Restarts,
+    )
     from tidal.types import Task
 
     ray.init(address=ray_cluster, namespace=NAMESPACE)
     try:
         cfg = load_config(find_config("smoke"), ["rollout.group_size=2", "rollout.max_new_tokens=4"])
         policy = ray.put((copy.deepcopy(trainer_model.model), trainer_model.tokenizer))
-        actor = ray.remote(num_cpus=1)(RolloutActor).remote(cfg, "run", [policy], "cpu", 64)
+        actor = ray.remote(num_cpus=1)(RolloutActor).remote(cfg, "run", "cpu", 64)
         rollout = RayRollout(ray, actor, 0, cfg.pipeline, policy, _PutWeights(ray), _Restarts())
         task = Task(id="t1", domain="math", prompt="1 + 1?", verifier={"name": "exact_match", "answer": "2"})
         ids = canary_ids(trainer_model.tokenizer)
@@ -151,7 +157,8 @@ def test_the_ray_rollout_actor_verifies_what_it_fetched(trainer_model: LoadedMod
         corrupted.state[max(corrupted.state)].view(-1)[0] += 0.5
         with pytest.raises(WeightVerificationError, match=r"weight version 4: checksum mismatch"):
             rollout.sample([task], 0, corrupted)
-        episodes = rollout.sample([task], 0, publish(trainer_model.model, 5, ids))
+        [group] = rollout.sample([task], 0, publish(trainer_model.model, 5, ids))
+        episodes = group.episodes
         assert [e.completion.weight_version for e in episodes] == [5, 5]
         assert [e.id for e in episodes] == ["run/step-000000/g000/s00", "run/step-000000/g000/s01"]
     finally:
