@@ -3,9 +3,11 @@ a Ray scorer actor's process imports."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +66,20 @@ def test_a_ray_scorer_actor_imports_no_model_libraries() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_ray_run_prints_no_core_worker_error(tmp_path: Path, ray_cluster: str) -> None:
+    """`tidal quickstart` on Ray, in a process of its own (Ray logs each of its C++ errors once
+    per process): stderr has no `E ... core_worker` line. There was one at every run: the rollout
+    actors took the policy's object-store ref as a constructor argument, which Ray flags for a
+    restartable actor (ray-project/ray#53727); they now get it with each call."""
+    tidal = Path(sys.executable).parent / "tidal"
+    done = subprocess.run(
+        [str(tidal), "quickstart", "--smoke", "--out", str(tmp_path), "--name", "ray", "trainer.steps=2",
+         "pipeline.mode=async", "pipeline.backend=ray", f"pipeline.ray_address={ray_cluster}"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if re.search(r"\bE \d+ \d+\] \w+\.cc:\d+", line)]
+    assert errors == [], errors
+    assert "constructor arguments in the object store" not in done.stderr

@@ -7,9 +7,11 @@ The same code runs either way. Every node must have tidal installed (the same ve
 driver): the actors import it.
 
 What the actors are sent, explicitly:
-- each rollout actor (`pipeline.rollout_workers` of them): the config, the run's name (trajectory ids), a CPU copy of the model (its
-  architecture; its weights are replaced by the first publication) and the tokenizer, once, at
-  creation; then, with each batch, the tasks and the header of the publication to generate with
+- each rollout actor (`pipeline.rollout_workers` of them): the config and the run's name
+  (trajectory ids) at creation; a CPU copy of the model (its architecture; its weights are
+  replaced by the first publication) and the tokenizer through the object store, put once and
+  fetched by an actor at its first call (each call carries the ref, so a restarted actor finds it
+  too); then, with each batch, the tasks and the header of the publication to generate with
   (version, checksum, canary). The publication's tensors go through the object store once per
   version (`ray.put` in the driver, shared by the rollout actors) and are fetched by an actor only
   when it holds another version; it verifies them (`weights.load_verified`) before it generates with them.
@@ -29,10 +31,10 @@ and scoring are idempotent (same seed, same weights version, same ids), and the 
 rollout actor loads and verifies the publication again before it generates. One more death, or a
 call that takes longer than `pipeline.worker_timeout_s`, raises `WorkerLostError`. Restarts are
 counted from the process ids the calls report (`restarts/rollout`, `restarts/scorer` metrics).
-Between calls, the scheduler (pipeline/scheduler.py) health-checks idle rollout actors every
-`pipeline.health_check_s` (an answer within `pipeline.health_timeout_s`, and the canary logprobs
-of the weights the actor holds); one that fails is killed and replaced by a new actor
-(`Workers.replace`), which loads and verifies the next publication before it generates.
+Between calls, the scheduler (pipeline/scheduler.py) health-checks each rollout actor after its
+first call and then every `pipeline.health_check_s` (an answer within `pipeline.health_timeout_s`,
+and the canary logprobs of the weights the actor holds); one that fails is killed and replaced by
+a new actor (`Workers.replace`), which loads and verifies the next publication before it generates.
 
 Preemption: a rollout actor has a second thread (the "control" concurrency group) beside the one
 that runs its calls one at a time. When the scheduler preempts a chunk, the driver's handle calls
@@ -49,7 +51,6 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -62,7 +63,7 @@ from tidal.pipeline.backends import (
     split_by_task,
 )
 from tidal.pipeline.backends.ray_scorer import ScorerActor
-from tidal.pipeline.loop import LoopParts, sample_episodes
+from tidal.pipeline.stages import LoopParts, Sampler
 from tidal.pipeline.weights import (
     UNLOADED,
     Publication,
@@ -71,7 +72,7 @@ from tidal.pipeline.weights import (
     load_verified,
 )
 from tidal.rollout.engine import Cancel, EmbeddedEngine
-from tidal.types import Episode, Score, Task
+from tidal.types import Group, Score, Task
 
 logger = logging.getLogger(__name__)
 
@@ -93,33 +94,14 @@ def import_ray() -> ModuleType:
     return ray
 
 
-@dataclass
-class _RunName:
-    name: str
-
-
-@dataclass
-class _RolloutParts:
-    """What `sample_episodes` reads of `LoopParts` (config, engine, run.name): the actor has no
-    run folder, trainer or mixer, only these."""
-
-    config: TidalConfig
-    engine: EmbeddedEngine
-    run: _RunName
-
-
 class RolloutActor:
     """Generates batches on its own copy of the policy (a Ray actor)."""
 
-    def __init__(self, config: TidalConfig, run_name: str, policy: list[Any], device: str, max_batch_rows: int) -> None:
-        import ray
-
-        # `policy` holds the ref of (model, tokenizer), which the driver keeps alive for restarts.
-        model, tokenizer = ray.get(policy[0])
-        model = model.to(device).eval().requires_grad_(False)
-        engine = EmbeddedEngine(model, tokenizer, device, max_batch_rows)
-        engine.weight_version = UNLOADED  # a new (or restarted) actor generates only with verified weights
-        self.parts = _RolloutParts(config, engine, _RunName(run_name))
+    def __init__(self, config: TidalConfig, run_name: str, device: str, max_batch_rows: int) -> None:
+        # No object-store arguments: Ray does not keep those of a restartable actor alive for its
+        # restarts (ray-project/ray#53727). The policy comes with each `sample` call instead.
+        self.config, self.run_name, self.device, self.max_batch_rows = config, run_name, device, max_batch_rows
+        self.sampler: Sampler | None = None  # made from the policy by the first `sample` call
         self.loaded: Publication | None = None  # the header of the publication the engine holds
         # Preemption: `preempt(call)` runs on the actor's "control" thread while `sample` runs.
         self._cancels: dict[str, threading.Event] = {}  # call id -> its flag (created by whichever comes first)
@@ -139,22 +121,36 @@ class RolloutActor:
     def check(self) -> int:
         """The health check: this process's id, once the model computes the canary logprobs of the
         weights it holds (`WeightVerificationError` otherwise)."""
-        engine = self.parts.engine
-        if self.loaded is not None and engine.weight_version == self.loaded.version:
-            check_canary(engine, self.loaded, self.parts.config.pipeline.canary_tolerance)
+        engine = self.sampler.engine if self.sampler is not None else None
+        if engine is not None and self.loaded is not None and engine.weight_version == self.loaded.version:
+            check_canary(engine, self.loaded, self.config.pipeline.canary_tolerance)
         return os.getpid()
 
+    def _sampler(self, policy: list[Any]) -> Sampler:
+        """The sampler, made on the first call from `policy`, the ref of (model, tokenizer)."""
+        if self.sampler is None:
+            import ray
+
+            model, tokenizer = ray.get(policy[0])
+            model = model.to(self.device).eval().requires_grad_(False)
+            engine = EmbeddedEngine(model, tokenizer, self.device, self.max_batch_rows)
+            engine.weight_version = UNLOADED  # a new (or restarted) actor generates only with verified weights
+            self.sampler = Sampler(self.config, self.run_name, engine)
+        return self.sampler
+
     def sample(
-        self, tasks: list[Task], step: int, header: Publication, state: list[Any], indices: list[int] | None = None,
-        call: str | None = None,
-    ) -> tuple[int, list[Episode] | None]:
+        self, tasks: list[Task], step: int, header: Publication, state: list[Any], policy: list[Any],
+        indices: list[int] | None = None, call: str | None = None,
+    ) -> tuple[int, list[Group] | None]:
         """(this process's id, the episodes of `tasks`, at `indices` of batch `step`) generated with
-        the weights of `header`; `state` holds the object ref of its tensors (in a list, so Ray
-        hands the ref over without fetching it). The episodes are None when `preempt(call)` stopped it."""
+        the weights of `header`; `state` and `policy` hold the object refs of its tensors and of the
+        (model, tokenizer) a new actor starts from (in lists, so Ray hands the refs over without
+        fetching them). The episodes are None when `preempt(call)` stopped it."""
+        sampler = self._sampler(policy)
         if call is None:
-            return os.getpid(), self._sample(tasks, step, header, state, indices, None)
+            return os.getpid(), self._sample(sampler, tasks, step, header, state, indices, None)
         try:
-            return os.getpid(), self._sample(tasks, step, header, state, indices, self._cancel(call))
+            return os.getpid(), self._sample(sampler, tasks, step, header, state, indices, self._cancel(call))
         except PreemptedError:
             return os.getpid(), None
         finally:
@@ -162,10 +158,10 @@ class RolloutActor:
                 self._cancels.pop(call, None)
 
     def _sample(
-        self, tasks: list[Task], step: int, header: Publication, state: list[Any], indices: list[int] | None,
-        cancel: threading.Event | None,
-    ) -> list[Episode]:
-        engine, pipeline = self.parts.engine, self.parts.config.pipeline
+        self, sampler: Sampler, tasks: list[Task], step: int, header: Publication, state: list[Any],
+        indices: list[int] | None, cancel: threading.Event | None,
+    ) -> list[Group]:
+        engine, pipeline = sampler.engine, self.config.pipeline
         if engine.weight_version != header.version:
             import ray
 
@@ -178,7 +174,7 @@ class RolloutActor:
                 ) from None
             load_verified(engine, dataclasses.replace(header, state=tensors), pipeline.canary_tolerance)
             self.loaded = header
-        return sample_episodes(self.parts, tasks, step, indices, cancel)  # type: ignore[arg-type]
+        return sampler.sample(tasks, step, indices, cancel)
 
 
 class _Restarts:
@@ -236,17 +232,17 @@ class RayRollout:
         self, ray: ModuleType, actor: Any, index: int, pipeline: Any, policy: Any, weights: _PutWeights, restarts: _Restarts
     ) -> None:
         self.ray, self.actor, self.index, self.pipeline = ray, actor, index, pipeline
-        self.policy = policy  # the ref of the actor's (model, tokenizer): kept alive for its restarts
+        self.policy = policy  # the ref of the actor's (model, tokenizer), sent with each call
         self.weights, self.restarts = weights, restarts
 
     def sample(
         self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None,
         cancel: Cancel | None = None,
-    ) -> list[Episode]:
+    ) -> list[Group]:
         what = f"rollout actor {self.index}, batch {step}"
         call_id = uuid.uuid4().hex if cancel is not None else None
-        call = self.actor.sample.remote(tasks, step, publication.header(), [self.weights.ref(publication)], indices,
-                                        call_id)
+        call = self.actor.sample.remote(tasks, step, publication.header(), [self.weights.ref(publication)],
+                                        [self.policy], indices, call_id)
         if cancel is not None:  # wait in slices, passing a preemption on to the actor's control thread
             deadline, asked = time.monotonic() + self.pipeline.worker_timeout_s, False
             while True:
@@ -311,9 +307,9 @@ class RayBackend:
         tag = f"{parts.run.name}/{uuid.uuid4().hex[:8]}"
         restarts = {"max_restarts": pipeline.worker_restarts, "max_task_retries": pipeline.worker_restarts}
         device = parts.engine.device
-        # The model and tokenizer go through the object store, by a ref nested in a list: Ray does
-        # not keep a restartable actor's object-store arguments alive (ray-project/ray#53727), so
-        # the driver's handle does, for as long as the actor may restart.
+        # The model and tokenizer go through the object store once, and their ref goes with each
+        # call: as a constructor argument (in the object store), a restart could find it gone
+        # (ray-project/ray#53727, which Ray logs as an error at every such actor's creation).
         policy = ray.put((copy.deepcopy(parts.engine.model).to("cpu"), parts.engine.tokenizer))
         count = pipeline.rollout_workers
         # One GPU each while the cluster has enough; otherwise they share them (Ray would leave
@@ -325,7 +321,7 @@ class RayBackend:
 
         def new_rollout(name: str) -> Any:
             return rollout_class.options(name=name, namespace=NAMESPACE).remote(
-                cfg, parts.run.name, [policy], device.type, parts.engine.max_batch_rows
+                cfg, parts.run.name, device.type, parts.engine.max_batch_rows
             )
 
         rollouts = [new_rollout(f"{tag}/rollout-{i}") for i in range(count)]
