@@ -4,7 +4,7 @@ asynchronous one (`tidal-async`), each run in its own subprocess by rl_step.py.
 The synchronous step generates a batch, scores it, trains on it and hands the weights to the
 engine, one after another: on-policy, as TRL's `GRPOTrainer` does. The asynchronous one is how
 `pipeline.mode: async` runs with the local backend and `algorithm.max_staleness: 1`, built from the
-same parts as pipeline/async_loop.py: a rollout engine on its own copy of the model generates and
+same parts as pipeline/async_source.py: a rollout engine on its own copy of the model generates and
 scores batch b + 1 on a sampler thread while the trainer trains batch b; after each update the
 trainer publishes its weights (`weights.publish`: a copy, its checksum and canary logprobs), and
 the sampler starts batch b only once version b - 1 or newer is published, loading and verifying it

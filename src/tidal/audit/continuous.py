@@ -127,6 +127,9 @@ class TaskWatch:
         self.heldout = dict(state.get("heldout", {}))
 
     def metrics(self) -> dict[str, Any]:
-        """For the run's metrics: tasks quarantined so far, and the highest tamper rate seen."""
+        """For the run's metrics: tasks quarantined so far, and the highest tamper rate seen (none
+        when the watch is off)."""
+        if not self.config.enabled:
+            return {}
         rates = [s.tampered / s.samples for s in self.signals.values() if s.samples]
         return {"audit/quarantined": len(self.quarantined), "audit/max_tamper_rate": max(rates, default=0.0)}

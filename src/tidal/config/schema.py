@@ -324,7 +324,10 @@ class PipelineConfig(Section):
     `async` generates and scores in the background while the trainer trains, with the rollout and
     scoring work on a backend: `local` (threads of this process) or `ray` (Ray actors)."""
 
-    mode: Literal["sync", "async"] = Field("sync", description="sync | async (rollout overlaps training)")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: the loop at max_staleness 0, each batch made in the trainer's thread with its "
+        "own engine | async: batches made ahead of the trainer on `backend`'s workers (pipeline/sources.py)"
+    )
     queue_size: int = Field(2, ge=1, le=1024, description="async mode: scored batches waiting for the trainer, at most")
     backend: Literal["local", "ray"] = Field(
         "local", description="async mode: where rollout and scoring run: local (threads) | ray (Ray actors)"

@@ -1,4 +1,4 @@
-"""What the RL loop keeps per domain across steps (issue 7): reward composition, normalisation,
+"""What the RL loop keeps per domain across steps: reward composition, normalisation,
 the difficulty curriculum, dynamic sampling, replay against forgetting, and the regression alarm.
 
 The loop calls, each step, in order:

@@ -157,6 +157,8 @@ def rewind(parts: LoopParts, store: TrajectoryStore, step: int) -> None:
     store.rollback(step)
     for phase in ("rl", "eval"):  # a held-out evaluation after a redone step is redone too
         parts.run.drop_metrics_after(phase, step)
+    for name in ("alarms.jsonl", "domain_weights.jsonl"):  # written by that evaluation
+        parts.run.drop_rows_after(name, step)
 
 
 def save_rl_checkpoint(parts: LoopParts, step: int, state: dict[str, Any] | None = None) -> None:
@@ -176,7 +178,7 @@ def resume_rl(parts: LoopParts, checkpoint: Path | None = None) -> int:
         return 0
     step, extra = parts.trainer.load(checkpoint)
     parts.mixer.load_state_dict(extra["mixer"])
-    if parts.watch is not None and extra.get("watch"):
+    if extra.get("watch"):  # None in a checkpoint of a run without the watch
         parts.watch.load_state_dict(extra["watch"])
     if extra.get("domains"):
         parts.domains.load_state_dict(extra["domains"])

@@ -86,8 +86,8 @@ def build_parts(
     if any(d.curriculum is not None for d in cfg.tasks.domains.values()):
         auditor = make_suspect_auditor(cfg, {t.id: t for t in all_train})
     domains = DomainRuntime(cfg, mixer, base, auditor)
-    watch = TaskWatch(cfg.audit.watch) if cfg.audit.watch.enabled else None
-    return LoopParts(cfg, run, engine, trainer, scorer, mixer, domains, engine.tokenizer.pad_token_id, watch)
+    return LoopParts(cfg, run, engine, trainer, scorer, mixer, domains, TaskWatch(cfg.audit.watch),
+                     engine.tokenizer.pad_token_id)
 
 
 class ProgressHook:
@@ -115,8 +115,7 @@ class HeldoutHook:
         with context.hold(EVAL_PRIORITY, f"held-out eval at step {step}"):
             records = self.evaluate(f"step-{step:06d}")
         rates = pass_rates(records)
-        if parts.watch is not None:
-            parts.watch.set_heldout({d: r["pass_rate"] for d, r in rates.items()})
+        parts.watch.set_heldout({d: r["pass_rate"] for d, r in rates.items()})
         heldout = {d: r["pass_rate"] for d, r in rates.items() if r["pass_rate"] is not None}
         alarms, changes = parts.domains.heldout(step, heldout, self.before)
         for alarm in alarms:
@@ -213,6 +212,7 @@ class Job:
             self._load_weights(model, folder / "model" if (folder / "model").exists() else folder)
             return
         self.progress.phase("warm start", cfg.warm_start.steps)
+        run.drop_metrics_after("warm_start", 0)  # the rows of an attempt that crashed before its end
 
         def on_sft(step: int, m: dict[str, float]) -> None:
             self.progress.update("warm start", step, f"loss {m['loss']:.3f}")

@@ -32,8 +32,8 @@ from tidal.types import Episode, Group, Outcome, Task, flatten
 
 @dataclass
 class LoopParts:
-    """What the loop runs on, built by `pipeline/run.py`. Every part is always there but the
-    continuous audit (`watch`, on with `audit.watch.enabled`), a named optional component."""
+    """What the loop runs on, built by `pipeline/run.py`; every part is always there (the
+    continuous audit's `watch` does nothing when `audit.watch.enabled` is off)."""
 
     config: TidalConfig
     run: RunFolder
@@ -42,8 +42,8 @@ class LoopParts:
     scorer: ScoringWorker
     mixer: TaskMixer
     domains: DomainRuntime  # per-domain composition, normalisation, curriculum, replay
+    watch: TaskWatch  # the continuous audit: quarantines tasks from the gate's signals
     pad_id: int
-    watch: TaskWatch | None = None  # quarantines tasks from the gate's signals
 
     def draw_tasks(self, step: int) -> list[Task]:
         """Batch `step`'s tasks from the mixer (more than `tasks_per_step` under dynamic sampling)."""
@@ -163,14 +163,14 @@ def gate_groups(parts: LoopParts, groups: list[Group], step: int, exclude: Calla
     time, in step order. Returns the drop counts by reason."""
     cfg = parts.config
     drops = gate_episodes(groups, cfg.gate, cfg.rollout.max_new_tokens)
-    if parts.watch is not None:
-        quarantined = {q.task_id for q in parts.watch.observe(groups, step + 1)}
-        for task_id in quarantined:
-            (exclude or parts.mixer.exclude)(task_id)
-        # The samples that tripped the watch do not train either.
-        tripped = [e for group in groups if group.task.id in quarantined for e in group.kept]
-        for episode in tripped:
-            episode.keep, episode.drop_reason = False, "audit_quarantine"
+    quarantined = {q.task_id for q in parts.watch.observe(groups, step + 1)}
+    for task_id in quarantined:
+        (exclude or parts.mixer.exclude)(task_id)
+    # The samples that tripped the watch do not train either.
+    tripped = [e for group in groups if group.task.id in quarantined for e in group.kept]
+    for episode in tripped:
+        episode.keep, episode.drop_reason = False, "audit_quarantine"
+    if parts.watch.config.enabled:
         drops["audit_quarantine"] = len(tripped)
     parts.domains.observe(groups, step)
     drops["surplus"] = parts.domains.trim(groups)
@@ -183,15 +183,15 @@ def gate_groups(parts: LoopParts, groups: list[Group], step: int, exclude: Calla
 
 def gate_metrics(parts: LoopParts, step: int) -> dict[str, Any]:
     """The watch's and the domains' metrics right after batch `step` was gated."""
-    return {**(parts.watch.metrics() if parts.watch is not None else {}), **parts.domains.metrics(step + 1)}
+    return {**parts.watch.metrics(), **parts.domains.metrics(step + 1)}
 
 
 def run_state(parts: LoopParts) -> dict[str, Any]:
     """What a checkpoint holds of the run besides the trainer: the mixer's, watch's and domains'
-    states (the watch's None when it is off)."""
+    states."""
     return {
         "mixer": parts.mixer.state_dict(),
-        "watch": parts.watch.state_dict() if parts.watch is not None else None,
+        "watch": parts.watch.state_dict(),
         "domains": parts.domains.state_dict(),
     }
 

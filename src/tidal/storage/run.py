@@ -250,25 +250,35 @@ class RunFolder:
         of `step` calls it before redoing the later steps, whose rows would otherwise be there
         twice (the crashed attempt's and the redone ones). Atomic: the file is rewritten whole
         (`atomic_writer`), so a crash meanwhile leaves the old file. A torn last line goes too."""
+        return self.drop_rows_after(self.metrics_path.name, step, phase)
+
+    def drop_rows_after(self, name: str, step: int, phase: str | None = None) -> int:
+        """`drop_metrics_after` for any JSON-lines file of the run folder (alarms.jsonl, ...): its
+        rows with a step above `step` (of `phase` only, when given) go; returns how many."""
+        path = self._inside(name)
         kept: list[bytes] = []
         dropped = 0
-        for line, row in self._metrics_lines():
-            if row.get("phase") == phase and isinstance(row.get("step"), int) and row["step"] > step:
+        for line, row in self._jsonl_lines(path):
+            later = isinstance(row.get("step"), int) and row["step"] > step
+            if later and (phase is None or row.get("phase") == phase):
                 dropped += 1
             else:
                 kept.append(line)
         if dropped:
-            with atomic_writer(self.metrics_path) as handle:
+            with atomic_writer(path) as handle:
                 handle.write("".join(line.decode("utf-8") + "\n" for line in kept))
-            logger.info("%s: dropped %d %r row(s) after step %d, to be redone", self.metrics_path, dropped, phase, step)
+            logger.info("%s: dropped %d row(s) after step %d, to be redone", path, dropped, step)
         return dropped
 
     def _metrics_lines(self) -> Iterator[tuple[bytes, dict[str, Any]]]:
-        """(line, row) for each row of metrics.jsonl, in order; a torn last line is skipped with
-        a warning, a malformed line before the last raises CheckpointError."""
-        if not self.metrics_path.is_file():
+        return self._jsonl_lines(self.metrics_path)
+
+    def _jsonl_lines(self, path: Path) -> Iterator[tuple[bytes, dict[str, Any]]]:
+        """(line, row) for each row of a JSON-lines file, in order; a torn last line is skipped
+        with a warning, a malformed line before the last raises CheckpointError."""
+        if not path.is_file():
             return
-        lines = self.metrics_path.read_bytes().split(b"\n")
+        lines = path.read_bytes().split(b"\n")
         last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
         for index, line in enumerate(lines):
             if not line.strip():
@@ -276,12 +286,12 @@ class RunFolder:
             try:
                 row = json.loads(line.decode("utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                where = f"{self.metrics_path}:{index + 1}"
+                where = f"{path}:{index + 1}"
                 reason = getattr(error, "msg", None) or str(error)
                 if index == last:
                     logger.warning("%s: skipped a torn last line (%s), left by an interrupted write", where, reason)
                     continue
-                raise CheckpointError(f"{where}: not valid JSON ({reason}); the metrics file is damaged") from None
+                raise CheckpointError(f"{where}: not valid JSON ({reason}); the file is damaged") from None
             yield line, row
 
     def _cut_torn_tail(self) -> None:

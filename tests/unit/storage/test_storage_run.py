@@ -134,6 +134,17 @@ def test_a_resume_drops_the_rows_of_the_steps_it_redoes(tmp_path: Path) -> None:
     assert RunFolder.create(tmp_path, "fresh").drop_metrics_after("rl", 0) == 0  # no metrics yet
 
 
+def test_the_alarms_of_redone_evaluations_go_too(tmp_path: Path) -> None:
+    run = RunFolder.create(tmp_path, "alarms")
+    for step in (2, 4, 6):
+        run.append_jsonl("alarms.jsonl", {"step": step, "domain": "math", "drop": 0.2})
+    assert run.drop_rows_after("alarms.jsonl", 3) == 2
+    assert [json.loads(line)["step"] for line in (run.path / "alarms.jsonl").read_text().splitlines()] == [2]
+    assert run.drop_rows_after("domain_weights.jsonl", 3) == 0  # no such file yet
+    with pytest.raises(ValueError, match="inside the run folder"):
+        run.drop_rows_after("../elsewhere.jsonl", 3)
+
+
 def test_damage_before_the_last_line_raises(tmp_path: Path) -> None:
     run = RunFolder.create(tmp_path, "bad")
     run.metrics_path.write_text('{"step": 1}\ngarbage\n{"step": 3}\n')

@@ -1,5 +1,5 @@
-"""Where the asynchronous loop's rollout and scoring stages run: `local` (this process) or `ray`
-(Ray actors, on a local Ray or a cluster).
+"""Where the async source's rollout and scoring work runs: `local` (this process) or `ray` (Ray
+actors, on a local Ray or a cluster).
 
 The loop's own threads (sampler, scorer, trainer) stay in the calling process either way: they
 hold the mixer, the watch, the domains' state, the store and the checkpoints, so exactly-once and

@@ -1,9 +1,9 @@
-"""The local backend: the rollout and scoring work runs in the calling process, on the async
-loop's sampler and scorer threads.
+"""The local backend: the rollout and scoring work runs in the calling process, on the
+scheduler's worker threads (`tidal-rollout-<i>`) and the async source's scorer thread.
 
 Each rollout worker samples from its own copy of the policy (another copy of the model in memory,
 so `pipeline.rollout_workers: N` holds N + 1 copies), which it replaces by each publication it is
-handed, verified (`weights.load_verified`). Workers generate on their sampler threads at once;
+handed, verified (`weights.load_verified`). Workers generate on their own threads at once;
 torch releases the GIL in its kernels, but on a CPU they share its cores with the trainer. So on a
 CPU the backend splits torch's threads (`cpu_thread_split`, `pipeline.rollout_threads` and
 `pipeline.trainer_threads`): each worker sets its own thread's count and the trainer's thread
@@ -58,8 +58,8 @@ def rollout_engine(parts: LoopParts) -> EmbeddedEngine:
 
 
 class LocalRollout:
-    """Generates on the sampler thread with its own engine; loads each new publication between
-    batches, so it never generates while its weights change."""
+    """Generates on the scheduler's thread for its slot, with its own engine; loads each new
+    publication between chunks, so it never generates while its weights change."""
 
     def __init__(self, parts: LoopParts, index: int = 0, threads: int | None = None) -> None:
         self.index = index  # its slot among the run's rollout workers

@@ -1,45 +1,15 @@
-"""The Ray backend: the rollout worker and the scorers are Ray actors; the trainer, the loop's
-threads and the trajectory store stay in the driver (the calling process).
+"""The Ray backend: the rollout workers and the scorers are Ray actors; the trainer, the loop's
+threads and the trajectory store stay in the driver (docs/design/loop.md, "Backends").
 
-`ray.init(address=pipeline.ray_address)` joins a cluster (`host:port`, `ray://...`, or `auto`:
-$RAY_ADDRESS or the cluster this machine runs); no address starts a new Ray inside this process.
-The same code runs either way. Every node must have tidal installed (the same version as the
-driver): the actors import it.
-
-What the actors are sent, explicitly:
-- each rollout actor (`pipeline.rollout_workers` of them): the config and the run's name
-  (trajectory ids) at creation; a CPU copy of the model (its architecture; its weights are
-  replaced by the first publication) and the tokenizer through the object store, put once and
-  fetched by an actor at its first call (each call carries the ref, so a restarted actor finds it
-  too); then, with each batch, the tasks and the header of the publication to generate with
-  (version, checksum, canary). The publication's tensors go through the object store once per
-  version (`ray.put` in the driver, shared by the rollout actors) and are fetched by an actor only
-  when it holds another version; it verifies them (`weights.load_verified`) before it generates with them.
-- each scorer actor: the reward config, once; then the (task, answer) pairs of its share of a
-  batch (`split_by_task`: all answers to one task go to one scorer, in one sandbox batch). Its
-  class lives in `ray_scorer.py`, which imports no torch or transformers: a Ray worker imports
-  the module of its actor's class, and a scorer has no use for the model libraries (seconds of
-  imports and hundreds of MB of memory in every scorer process).
-
-The driver writes the store, from its scorer thread, before the trainer may use a batch, as on
-the local backend: exactly-once rests on the store's ledger and the trajectory ids, which a
-regenerated batch reproduces, not on which process generated it.
-
-Failures: an actor that dies (kill -9, out of memory, a lost node) is restarted by Ray up to
-`pipeline.worker_restarts` times, and its call in flight is retried on the new one; generation
-and scoring are idempotent (same seed, same weights version, same ids), and the restarted
-rollout actor loads and verifies the publication again before it generates. One more death, or a
-call that takes longer than `pipeline.worker_timeout_s`, raises `WorkerLostError`. Restarts are
-counted from the process ids the calls report (`restarts/rollout`, `restarts/scorer` metrics).
-Between calls, the scheduler (pipeline/scheduler.py) health-checks each rollout actor after its
-first call and then every `pipeline.health_check_s` (an answer within `pipeline.health_timeout_s`,
-and the canary logprobs of the weights the actor holds); one that fails is killed and replaced by
-a new actor (`Workers.replace`), which loads and verifies the next publication before it generates.
-
-Preemption: a rollout actor has a second thread (the "control" concurrency group) beside the one
-that runs its calls one at a time. When the scheduler preempts a chunk, the driver's handle calls
-`preempt(call id)` there; the running `sample` stops at its next decode step and answers None,
-which the handle raises as `PreemptedError`. The actor stays as it was (no restart).
+`ray.init(address=pipeline.ray_address)` joins a cluster, or starts Ray in this process without
+one; every node needs the driver's tidal. A rollout actor gets the config and run name at
+creation, the policy (a CPU copy of the model and the tokenizer, put once in the object store)
+with its calls, and each version's tensors through the object store, fetched only when it holds
+another version and verified (`weights.load_verified`) before it generates. A scorer actor
+(`ray_scorer.py`, which imports no torch) gets the reward config and its share of each batch.
+A dead actor is restarted up to `pipeline.worker_restarts` times and its call retried (both
+kinds of work are idempotent); restarts are counted from the process ids calls report.
+Preemption reaches a running `sample` through the actor's second ("control") thread.
 """
 
 from __future__ import annotations
