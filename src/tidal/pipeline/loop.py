@@ -1,5 +1,5 @@
 """The RL loop, one for every mode: take batch `step` -> update -> record the ids trained ->
-publish the weights -> metrics -> checkpoint -> step hooks.
+publish the weights -> metrics -> step hooks -> checkpoint.
 
 Batches come from a `BatchSource` (pipeline/sources.py): made in this thread, on-policy
 (`pipeline.mode: sync`), or ahead of the trainer within `algorithm.max_staleness` (`async`).
@@ -61,7 +61,8 @@ class StepContext:
 
 class StepHook(Protocol):
     def after_step(self, context: StepContext) -> Rollback | None:
-        """Called after each step's metrics and checkpoint; a `Rollback` rewinds the run."""
+        """Called after each step's metrics row, before its checkpoint (which holds what the hook
+        changed in the parts); a `Rollback` rewinds the run instead, and the step is not saved."""
         ...
 
 
@@ -80,9 +81,11 @@ def run_rl(parts: LoopParts, start_step: int = 0, hooks: Sequence[StepHook] = ()
         request: Rollback | None = None
         try:
             while step < cfg.trainer.steps and request is None:
-                metrics = train_step(parts, source, store, store_lock, step)
+                metrics, state = train_step(parts, source, store, store_lock, step)
                 taken, step = taken + 1, step + 1
                 request = run_hooks(hooks, StepContext(step, metrics, parts, source))
+                if request is None and (step % cfg.trainer.checkpoint_every == 0 or step == cfg.trainer.steps):
+                    save_rl_checkpoint(parts, step, state)
         finally:
             source.close()
         if request is not None:
@@ -96,9 +99,11 @@ def run_hooks(hooks: Sequence[StepHook], context: StepContext) -> Rollback | Non
     return next((request for request in requests if request is not None), None)
 
 
-def train_step(parts: LoopParts, source: BatchSource, store: TrajectoryStore, store_lock: threading.Lock, step: int) -> dict[str, Any]:
-    """One step: batch `step` from the source, the update, the ledger, the publication, the
-    metrics row and, when due, the checkpoint. Returns the metrics row."""
+def train_step(
+    parts: LoopParts, source: BatchSource, store: TrajectoryStore, store_lock: threading.Lock, step: int
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """One step: batch `step` from the source, the update, the ledger, the publication and the
+    metrics row. Returns the row, and the run state a checkpoint after it holds (`ScoredBatch.state`)."""
     cfg = parts.config
     began = time.perf_counter()
     batch = source.next_batch(step)
@@ -116,10 +121,7 @@ def train_step(parts: LoopParts, source: BatchSource, store: TrajectoryStore, st
     source.publish(step + 1)
     timings["publish_s"] = time.perf_counter() - mark
     timings["step_s"] = time.perf_counter() - began
-    metrics = record_step(parts, source, batch, {**train_metrics, **timings}, step)
-    if (step + 1) % cfg.trainer.checkpoint_every == 0 or step + 1 == cfg.trainer.steps:
-        save_rl_checkpoint(parts, step + 1, batch.state)
-    return metrics
+    return record_step(parts, source, batch, {**train_metrics, **timings}, step), batch.state
 
 
 def record_step(parts: LoopParts, source: BatchSource, batch: ScoredBatch, update: dict[str, Any], step: int) -> dict[str, Any]:
