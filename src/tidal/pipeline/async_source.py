@@ -41,10 +41,11 @@ from tidal.pipeline.stages import (
     plan_chunks,
     run_state,
     score_groups,
+    store_groups,
 )
 from tidal.pipeline.weights import Publication, WeightChannel, canary_ids, publish
 from tidal.storage.store import TrajectoryStore
-from tidal.types import Group, Task, flatten
+from tidal.types import Group, Task
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +309,7 @@ class _ScorerThread(threading.Thread):
         parts, step, timings = self.parts, sampled.step, sampled.timings
         drops = gate_groups(parts, sampled.groups, step, exclude=self._exclude)
         with self.store_lock:  # stored before it is queued: the trainer only sees stored samples
-            self.store.write_episodes(step, flatten(sampled.groups), {g.task.id: g.task for g in sampled.groups}, timings)
+            store_groups(self.store, step, sampled.groups, timings)
         with self.mixer_lock:
             state = copy.deepcopy(run_state(parts))
             metrics = gate_metrics(parts, step)
@@ -337,13 +338,13 @@ class AsyncSource:
 
     def __init__(self, parts: LoopParts, store: TrajectoryStore, store_lock: threading.Lock, start_step: int) -> None:
         cfg, pipeline = parts.config, parts.config.pipeline
-        self.parts, self.bound = parts, cfg.algorithm.max_staleness
+        self.parts, self.max_staleness = parts, cfg.algorithm.max_staleness
         mixer_lock = threading.Lock()
         parts.domains.lock = mixer_lock  # the mixer reads the curricula the scorer thread updates
         self.canary = canary_ids(parts.engine.tokenizer)
         self.channel = WeightChannel()
         self.channel.publish(publish(parts.trainer.model, parts.engine.weight_version, self.canary))
-        self.window = _Window(self.bound + 1, start_step)  # without ratio control, admission always binds first
+        self.window = _Window(self.max_staleness + 1, start_step)  # without ratio control, admission always binds first
         self.controller = self._ratio_controller()
         self.workers: Workers = get_backend(pipeline.backend).start(parts)
         retry = retry_policy(pipeline)
@@ -373,7 +374,7 @@ class AsyncSource:
         pipeline = self.parts.config.pipeline
         if not pipeline.ratio_control:
             return None
-        lower, upper = ratio_bounds(pipeline, self.bound)
+        lower, upper = ratio_bounds(pipeline, self.max_staleness)
         self.window.set_limit(upper)
         logger.info("ratio control: %d batches in flight ahead of the trainer, at most (bounds %d..%d)", upper, lower, upper)
         return RatioController(upper, lower, upper, pipeline.ratio_idle_fraction)

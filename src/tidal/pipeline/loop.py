@@ -104,11 +104,10 @@ def train_step(
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """One step: batch `step` from the source, the update, the ledger, the publication and the
     metrics row. Returns the row, and the run state a checkpoint after it holds (`ScoredBatch.state`)."""
-    cfg = parts.config
     began = time.perf_counter()
     batch = source.next_batch(step)
     kept = batch.kept
-    check_staleness(kept, step, cfg.algorithm.max_staleness if cfg.pipeline.mode == "async" else 0)
+    check_staleness(kept, step, source.max_staleness)
     mark = time.perf_counter()
     train_metrics: dict[str, float] = {}
     if kept:

@@ -20,12 +20,14 @@ from tidal.pipeline.stages import (
     gate_groups,
     gate_metrics,
     score_groups,
+    store_groups,
 )
 from tidal.storage.store import TrajectoryStore
-from tidal.types import flatten
 
 
 class BatchSource(Protocol):
+    max_staleness: int  # the most updates a trained sample's weights may lag the trainer's
+
     def next_batch(self, step: int) -> ScoredBatch:
         """Batch `step`, scored, gated and already in the store (so a crash never loses a
         trajectory that was trained on)."""
@@ -54,6 +56,7 @@ class InlineSource:
 
     def __init__(self, parts: LoopParts, store: TrajectoryStore, store_lock: threading.Lock) -> None:
         self.parts, self.store, self.store_lock = parts, store, store_lock
+        self.max_staleness = 0  # each batch is sampled with the weights of the update before it
         self.scoring = RetryingScorer(parts.scorer, retry_policy(parts.config.pipeline))  # infra errors are scored again
         self.sampler = Sampler(parts.config, parts.run.name, parts.engine)
 
@@ -65,7 +68,7 @@ class InlineSource:
         score_groups(self.scoring, parts.domains, groups, timings)
         drops = gate_groups(parts, groups, step)
         with self.store_lock:
-            self.store.write_episodes(step, flatten(groups), {g.task.id: g.task for g in groups}, timings)
+            store_groups(self.store, step, groups, timings)
         return ScoredBatch(step, groups, drops, timings, gate_metrics(parts, step))
 
     def publish(self, version: int) -> None:

@@ -25,6 +25,7 @@ from tidal.reward.protocol import ScoringWorker
 from tidal.rollout.engine import Cancel, SamplingParams
 from tidal.rollout.protocol import RolloutEngine
 from tidal.storage.run import RunFolder
+from tidal.storage.store import TrajectoryStore
 from tidal.tasks.mixer import TaskMixer
 from tidal.trainer.trainer import Trainer
 from tidal.types import Episode, Group, Outcome, Task, flatten
@@ -194,6 +195,11 @@ def run_state(parts: LoopParts) -> dict[str, Any]:
         "watch": parts.watch.state_dict(),
         "domains": parts.domains.state_dict(),
     }
+
+
+def store_groups(store: TrajectoryStore, step: int, groups: list[Group], timings: dict[str, float]) -> None:
+    """Batch `step` into the trajectory store, with each task's prompt and the step's timings."""
+    store.write_episodes(step, flatten(groups), {group.task.id: group.task for group in groups}, timings)
 
 
 def _quantile(values: list[float], q: float) -> float:
