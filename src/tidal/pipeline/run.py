@@ -24,7 +24,7 @@ from tidal.audit.quarantine import load_quarantine
 from tidal.config import load_config, save_config
 from tidal.config.schema import TidalConfig
 from tidal.errors import CheckpointError
-from tidal.eval.heldout import compare, evaluate_policy, pass_rates
+from tidal.eval.heldout import CONFIG_DOMAIN_KEY, compare, evaluate_policy, pass_rates
 from tidal.eval.report import write_report
 from tidal.models.io import (
     count_parameters,
@@ -66,9 +66,26 @@ def build_tasks(cfg: TidalConfig) -> tuple[dict[str, list[Task]], list[Task]]:
             tasks += generate_tasks(domain.family, domain.n_eval, "eval", *args) if domain.n_eval else []
         if domain.sources:
             tasks += load_tasks(domain.sources, known_verifiers=verifiers)
+        tasks = [with_domain_prompt(task, name, domain.system_prompt, domain.examples) for task in tasks]
         train[name] = [t for t in tasks if t.split == "train" and t.id not in quarantined]
         evaluation += [t for t in tasks if t.split == "eval"]
     return train, evaluation
+
+
+def with_domain_prompt(
+    task: Task, domain: str, system_prompt: str | None = None, examples: Sequence[tuple[str, str]] = ()
+) -> Task:
+    """`task` as the config domain `domain` poses it: tagged with that name (held-out results are
+    reported per config domain, `eval/heldout.py`), and, when it is a single question (one user
+    message, no system message of its own), led by the domain's system message and few-shot turns."""
+    update: dict[str, Any] = {"metadata": {**task.metadata, CONFIG_DOMAIN_KEY: domain}}
+    messages = task.messages()
+    if (system_prompt or examples) and [m["role"] for m in messages] == ["user"]:
+        lead = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        for question, answer in examples:
+            lead += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        update["prompt"] = [*lead, *messages]
+    return task.model_validate({**task.model_dump(), **update})
 
 
 def build_parts(

@@ -229,3 +229,24 @@ def test_sampled_vs_trained_distributions() -> None:
     assert metrics["sampled/length_mean"] == 2.5 and metrics["trained/length_mean"] == 2.0
     assert metrics["sampled/difficulty_mean"] == 1.5 and metrics["trained/difficulty_mean"] == 1.0
     assert metrics["sampled/length_p90"] == 4 and metrics["trained/length_p90"] == 3
+
+
+def test_soft_overlong_penalty_ramps_over_the_buffer() -> None:
+    cfg = TidalConfig.model_validate({
+        "tasks": {"tasks_per_step": 2, "domains": {"general": {"family": "general", "n_train": 10, "n_eval": 0}}},
+        "reward": {"sandbox": {"backend": "unsafe_local"}, "overlong_buffer": 4, "overlong_penalty": 0.5},
+        "rollout": {"max_new_tokens": 10},
+    })
+    task = _task("general", 0)
+    runtime, scorer = _runtime(cfg, [task]), Scorer(cfg.reward)
+    episodes = [_episode(task, "g", k, "yes") for k in range(4)]
+    for episode, length in zip(episodes, (6, 7, 9, 10)):  # free up to 10 - 4 = 6 tokens, -0.5 at 10
+        episode.completion.token_ids = [5] * length
+        episode.completion.logprobs = [-0.1] * length
+    _scored(scorer, {task.id: task}, episodes)
+    groups = regroup(episodes, {task.id: task})
+    runtime.compose(scorer, groups)
+    assert [e.reward for e in episodes] == [None, pytest.approx(1 - 0.125), pytest.approx(1 - 0.375), pytest.approx(0.5)]
+    assert episodes[3].score.components["reward/overlong"] == pytest.approx(-0.5)
+    counts = gate_episodes(groups, cfg.gate, cfg.rollout.max_new_tokens)
+    assert counts["zero_variance"] == 0  # the penalty gives an all-correct group a signal toward shorter answers

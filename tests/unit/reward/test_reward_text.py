@@ -69,3 +69,25 @@ def test_format_alias_and_flags() -> None:
 def test_bad_regex_tasks_are_task_problems(spec: dict[str, Any]) -> None:
     score = get_verifier("regex")(task(name="regex", **spec), "a", ScoringContext())
     assert score.outcome is Outcome.INFRA_ERROR
+
+
+@pytest.mark.parametrize(("answer", "passed"), [
+    ("France's capital is Paris. Answer: Paris", True),
+    ("**Answer:** Paris.\nThat is all.", True),
+    ("Final answer: paris", True),
+    ("Answer: Paris\nAnswer: Lyon", False),  # only the last marker counts: listing candidates earns nothing
+    ("Answer: Lyon\nAnswer: Paris", True),
+    ("Answer: Paris, France", False),
+    ("Answers: Paris", False),
+])
+def test_exact_match_takes_the_final_answer_after_the_last_marker(answer: str, passed: bool) -> None:
+    score = get_verifier("exact_match")(task(name="exact_match", answer="Paris"), answer, ScoringContext())
+    assert (score.outcome is Outcome.PASSED) is passed
+
+
+def test_final_answer_can_be_turned_off_and_applies_to_regex() -> None:
+    strict = task(name="exact_match", answer="Paris", final_answer=False)
+    assert get_verifier("exact_match")(strict, "Answer: Paris", ScoringContext()).outcome is Outcome.FAILED
+    pattern = task(name="regex", pattern=r"\[\s*pig\s*\]")
+    assert get_verifier("regex")(pattern, "In brackets: Answer: [pig]", ScoringContext()).outcome is Outcome.PASSED
+    assert get_verifier("regex")(pattern, "Answer: [pig] and more", ScoringContext()).outcome is Outcome.FAILED

@@ -1,4 +1,10 @@
-"""Text verifiers: `exact_match` and `regex` (alias `format`)."""
+"""Text verifiers: `exact_match` and `regex` (alias `format`).
+
+Both judge the whole answer, or, when it has one, its final answer: the rest of the line after
+its last "Answer:" marker (a chat model's "...so it is 7. Answer: 7"). Only the last marker
+counts, so listing candidates ("Answer: 1 ... Answer: 2") earns nothing more than the last one.
+The task argument `final_answer: false` turns the marker off (the whole answer must match).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ from typing import Any
 from tidal.reward.base import ScoringContext, check_answer, failed, task_problem, verifier
 from tidal.types import Outcome, Score, Task
 
+# "Answer:" / "Final answer:" (any case, optional markdown bold) at a line start or after a sentence
+ANSWER_MARKER = re.compile(r"(?:^|(?<=[\s.!?:]))\**(?:final\s+)?answer\**\s*:\**[ \t]*", re.IGNORECASE | re.MULTILINE)
 QUOTES = "\"'`\u2018\u2019\u201c\u201d\u00ab\u00bb"
 
 
@@ -27,9 +35,26 @@ def normalise(text: str, case_sensitive: bool = False) -> str:
     return text if case_sensitive else text.casefold()
 
 
+def final_answer(text: str) -> str | None:
+    """The rest of the line after the last "Answer:" marker of `text`, or None without one."""
+    last = None
+    for last in ANSWER_MARKER.finditer(text):
+        pass
+    if last is None:
+        return None
+    return text[last.end():].split("\n", 1)[0].strip()
+
+
+def _candidates(task: Task, answer: str) -> list[str]:
+    """What is compared: the whole answer, and its final answer unless `final_answer: false`."""
+    final = final_answer(answer) if task.verifier.args.get("final_answer", True) else None
+    return [answer] if final is None else [answer, final]
+
+
 @verifier("exact_match")
 def exact_match(task: Task, answer: str, ctx: ScoringContext) -> Score:
-    """The whole answer equals `answer` (or one of `aliases`) after normalisation."""
+    """The whole answer, or its final answer, equals `answer` (or one of `aliases`) after
+    normalisation."""
     problem = check_answer(answer)
     if problem is not None:
         return problem
@@ -41,10 +66,10 @@ def exact_match(task: Task, answer: str, ctx: ScoringContext) -> Score:
         return task_problem(task, "`aliases` must be a list")
     case_sensitive = bool(args.get("case_sensitive", False))
     expected = [normalise(str(a), case_sensitive) for a in [args["answer"], *aliases]]
-    got = normalise(answer, case_sensitive)
-    if got in expected:
+    got = [normalise(text, case_sensitive) for text in _candidates(task, answer)]
+    if any(text in expected for text in got):
         return Score(1.0, Outcome.PASSED, {"match": 1.0}, "matches the expected answer")
-    return failed(f"{_clip(got)!r} does not match the expected answer", match=0.0)
+    return failed(f"{_clip(got[-1])!r} does not match the expected answer", match=0.0)
 
 
 FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE, "a": re.ASCII}
@@ -66,7 +91,8 @@ def _flags(value: Any) -> int:
 
 @verifier("regex", aliases=("format",))
 def regex(task: Task, answer: str, ctx: ScoringContext) -> Score:
-    """`pattern` must match the whole stripped answer (optional `flags`: "ims" or a list of names)."""
+    """`pattern` must match the whole stripped answer or its final answer (optional `flags`: "ims"
+    or a list of names)."""
     problem = check_answer(answer)
     if problem is not None:
         return problem
@@ -77,7 +103,7 @@ def regex(task: Task, answer: str, ctx: ScoringContext) -> Score:
         compiled = re.compile(pattern, _flags(task.verifier.args.get("flags")))
     except (re.error, ValueError, TypeError) as error:
         return task_problem(task, f"bad pattern or flags: {error}")
-    if compiled.fullmatch(answer.strip()):
+    if any(compiled.fullmatch(text.strip()) for text in _candidates(task, answer)):
         return Score(1.0, Outcome.PASSED, {"format": 1.0}, "matches the pattern")
     return failed("does not match the pattern", format=0.0)
 

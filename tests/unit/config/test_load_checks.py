@@ -1,0 +1,65 @@
+"""What a config is checked for at load, before any model, task or run folder exists: algorithm
+names, the trajectory store's protocol and its package, the overlong penalty's range, and the
+config's own task files."""
+
+from pathlib import Path
+
+import fsspec
+import pytest
+import yaml
+
+from tidal.config import load_config
+from tidal.errors import ConfigError
+
+SMOKE = Path(__file__).resolve().parents[3] / "configs" / "smoke.yaml"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algorithm.advantage=grpoo", "unknown advantage estimator 'grpoo'; known: dr_grpo, gae, grpo"),
+        ("algorithm.loss=ppo", "unknown policy loss 'ppo'; known: decoupled_ppo, ppo_clip, tis_pg"),
+        ("reward.overlong_buffer=16", "reward.overlong_buffer=16 must be below rollout.max_new_tokens=16"),
+        ("run.trajectory_store=nosuchproto://bucket/runs", "unknown protocol 'nosuchproto'"),
+    ],
+)
+def test_bad_names_fail_at_load(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(SMOKE, [override])
+    assert message in str(caught.value)
+
+
+def test_a_protocol_whose_package_is_missing_fails_at_load() -> None:
+    # s3 is a protocol fsspec knows by name; its implementation lives in s3fs
+    try:
+        fsspec.get_filesystem_class("s3")
+    except ImportError:
+        pass
+    else:
+        pytest.skip("s3fs is installed here")
+    with pytest.raises(ConfigError) as caught:
+        load_config(SMOKE, ["run.trajectory_store=s3://bucket/runs"])
+    assert "protocol 's3' needs a package that is not installed" in str(caught.value)
+
+
+def test_known_names_and_an_installed_protocol_load() -> None:
+    cfg = load_config(SMOKE, ["algorithm.advantage=rloo", "algorithm.loss=tis_pg", "run.trajectory_store=memory://x",
+                              "reward.overlong_buffer=8"])
+    assert (cfg.algorithm.advantage, cfg.algorithm.loss, cfg.reward.overlong_buffer) == ("rloo", "tis_pg", 8)
+
+
+def test_task_files_beside_the_config_are_found_from_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "project"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "mine.jsonl").write_text("")
+    config = folder / "run.yaml"
+    config.write_text(yaml.safe_dump({"tasks": {"domains": {
+        "mine": {"sources": ["data/mine.jsonl", "elsewhere.jsonl"]},
+    }}}))
+    monkeypatch.chdir(tmp_path)  # neither path exists from here
+    sources = load_config(config).tasks.domains["mine"].sources
+    # the one beside the config becomes absolute; the other stays as written (a later error names it)
+    assert sources == [str((folder / "data" / "mine.jsonl").resolve()), "elsewhere.jsonl"]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mine.jsonl").write_text("")
+    assert load_config(config).tasks.domains["mine"].sources[0] == "data/mine.jsonl"  # the working directory wins
