@@ -250,3 +250,16 @@ def test_soft_overlong_penalty_ramps_over_the_buffer() -> None:
     assert episodes[3].score.components["reward/overlong"] == pytest.approx(-0.5)
     counts = gate_episodes(groups, cfg.gate, cfg.rollout.max_new_tokens)
     assert counts["zero_variance"] == 0  # the penalty gives an all-correct group a signal toward shorter answers
+
+
+def test_a_domain_prompt_leads_single_questions_only() -> None:
+    from tidal.pipeline.run import with_domain_prompt
+
+    task = _task("general", 0)
+    posed = with_domain_prompt(task, "mine", "Answer briefly.", [("say no", "Answer: no")])
+    assert [(m["role"], m["content"]) for m in posed.messages()] == [
+        ("system", "Answer briefly."), ("user", "say no"), ("assistant", "Answer: no"), ("user", task.prompt)]
+    assert posed.metadata["config_domain"] == "mine" and posed.id == task.id
+    chat = task.model_copy(update={"prompt": [{"role": "system", "content": "own"}, {"role": "user", "content": "q"}]})
+    assert with_domain_prompt(Task.model_validate(chat.model_dump()), "mine", "Answer briefly.").messages()[0]["content"] == "own"
+    assert with_domain_prompt(task, "mine").prompt == task.prompt  # nothing to add
