@@ -18,6 +18,8 @@ docs/experiments/seesaw.md, with the exact command, and nothing it did not measu
     python scripts/seesaw.py                      # configs/quickstart.yaml, 40 steps per arm
     python scripts/seesaw.py --steps 10 --out /tmp/seesaw --no-write
     python scripts/seesaw.py --base runs/<quickstart run>   # reuse its warm start and eval before
+    python scripts/seesaw.py --config configs/quickstart_smollm2.yaml --steps 20 \
+        --doc docs/experiments/seesaw_real_model.md          # the real model (no warm start)
 """
 
 from __future__ import annotations
@@ -135,12 +137,13 @@ def cell(entry: dict[str, Any]) -> str:
 def render(results: dict[str, dict[str, Any]], command: str, base_cfg: dict[str, Any], seconds: float) -> str:
     domains = sorted({d for r in results.values() for d in r["summary"]["domains"]})
     lines = [
-        "# The seesaw experiment",
+        "# The seesaw experiment" + ("" if base_cfg.get("model") in (None, "tiny") else f" on {base_cfg['model']}"),
         "",
         (f"Produced by `{command}` on {dt.date.today().isoformat()} ({seconds / 60:.0f} min on this machine: "
         "2 CPU cores, no GPU). Every number below is read from the arms' `summary.json` and `metrics.jsonl`."),
         "",
-        ("One warm start and one held-out evaluation before RL are shared by the three arms; each arm then "
+        (f"One {'warm start and one ' if base_cfg.get('warm_start') else ''}held-out evaluation before RL "
+        "is shared by the three arms; each arm then "
         f"runs {base_cfg['steps']} RL steps of {base_cfg['tasks_per_step']} tasks x {base_cfg['group_size']} "
         "samples (the same compute budget), and the held-out tasks are evaluated again. Cells: held-out pass "
         "rate before → after (paired difference [95% CI] over the domain's eval tasks; **bold** when the "
@@ -174,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="start from this run folder's warm start and evaluation before RL (e.g. a "
                         "`tidal quickstart` run with the same config) instead of running them here")
     parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--no-write", action="store_true", help="print the table, do not write docs/experiments/seesaw.md")
+    parser.add_argument("--no-write", action="store_true", help="print the table, do not write --doc")
+    parser.add_argument("--doc", type=Path, default=DOC, help="the experiment record to write (default docs/experiments/seesaw.md)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides for every arm, e.g. trainer.lr=1e-4")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
@@ -200,13 +204,14 @@ def main(argv: list[str] | None = None) -> int:
             "train_rewards": train_rewards(arm_dir),
             "overrides": [o for o in overrides if o != "run.progress=false"],
         }
-    base_cfg = {"steps": args.steps, "tasks_per_step": cfg.tasks.tasks_per_step, "group_size": cfg.rollout.group_size}
+    base_cfg = {"steps": args.steps, "tasks_per_step": cfg.tasks.tasks_per_step, "group_size": cfg.rollout.group_size,
+                "model": cfg.model.path, "warm_start": cfg.warm_start.enabled}
     command = "python scripts/seesaw.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     text = render(results, command.strip(), base_cfg, time.perf_counter() - began)
     print(text)
     if not args.no_write:
-        write_doc(DOC, text)
-        print(f"[seesaw] wrote {DOC}")
+        write_doc(args.doc, text)
+        print(f"[seesaw] wrote {args.doc}")
     return 0
 
 
