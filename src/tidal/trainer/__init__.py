@@ -9,20 +9,22 @@ from tidal.trainer.checkpoint import (
 )
 from tidal.trainer.critic import Critic, ValueModel
 from tidal.trainer.logprobs import collate, token_logprobs
-from tidal.trainer.trainer import (
-    ReplayBatch,
-    Trainer,
-    WarmupSchedule,
+from tidal.trainer.precision import (
+    PrecisionChoice,
     autocast_dtype_for,
+    choose_precision,
 )
+from tidal.trainer.trainer import ReplayBatch, Trainer, WarmupSchedule
 
 __all__ = [
     "Critic",
+    "PrecisionChoice",
     "ReplayBatch",
     "Trainer",
     "ValueModel",
     "WarmupSchedule",
     "autocast_dtype_for",
+    "choose_precision",
     "collate",
     "latest_checkpoint",
     "list_checkpoints",

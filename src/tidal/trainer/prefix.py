@@ -9,7 +9,9 @@ backward sums it), so the loss and its gradient are those of the plain forward, 
 rounding; the saving is the prompt tokens of all but one row per group, forward and backward.
 
 Only completion positions are computed: the result is zero at prompt positions (the trainer's
-losses read completion positions only: `completion_mask` is 0 on the prompt). Left padding of
+losses read completion positions only: `completion_mask` is 0 on the prompt). As in
+`token_logprobs`, the LM head runs in checkpointed chunks over the wanted positions' hidden states
+where the model splits into decoder and head (trainer/logprobs.py), else on its full logits. Left padding of
 the prompts is masked and their positions count from each prompt's first token, as in the
 rollout engine's prefill, so a row sees exactly what it saw when it was sampled.
 """
@@ -22,7 +24,13 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from tidal.trainer.logprobs import autocast_context, sequence_logprobs
+from tidal.trainer.logprobs import (
+    DEFAULT_CHUNK_TOKENS,
+    autocast_context,
+    head_logprobs,
+    scatter_positions,
+    split_model,
+)
 
 
 def prompt_groups(input_ids: Tensor, prompt_lengths: Tensor) -> tuple[list[list[int]], list[int]]:
@@ -56,11 +64,13 @@ def shared_prefix_logprobs(
     autocast_dtype: torch.dtype | None = None,
     pad_id: int = 0,
     groups: tuple[list[list[int]], list[int]] | None = None,
+    positions: Tensor | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> tuple[Tensor, Tensor | None]:
     """As `token_logprobs` (right-padded rows (B, T) of prompt + completion; logprobs and
-    entropies (B, T)), but each distinct prompt runs once and prompt positions are 0.
-    `prompt_lengths` (B,) says where each row's completion starts (at least 1); `groups`, when
-    the caller has them, are `prompt_groups` of the rows."""
+    entropies (B, T); `positions` and `chunk_tokens` as there), but each distinct prompt runs
+    once and prompt positions are 0. `prompt_lengths` (B,) says where each row's completion
+    starts (at least 1); `groups`, when the caller has them, are `prompt_groups` of the rows."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to compute logprobs, got {temperature}")
     device = input_ids.device
@@ -87,35 +97,34 @@ def shared_prefix_logprobs(
         completion_ids[b, : completion_lengths[b]] = input_ids[b, starts[b] : lengths[b]]
         completion_mask[b, : completion_lengths[b]] = 1
     rows = torch.tensor(source, dtype=torch.long, device=device)  # (B,)
-    completion_positions = prompt_lengths.to(device)[:, None] + torch.arange(span, device=device)[None, :]  # (B, C)
+    offsets = torch.arange(span, device=device)[None, :]  # (1, C)
+    starts_column = prompt_lengths.to(device)[:, None]  # (B, 1)
+    completion_positions = starts_column + offsets  # (B, C)
+    wanted = completion_mask.bool()  # (B, C): row b's completion token j sits at column starts[b] + j
+    if positions is not None:
+        wanted = wanted & (positions.gather(1, completion_positions.clamp(max=length - 1)) > 0)
 
-    cache_arg = _cache_argument(model)
+    split = split_model(model) if chunk_tokens > 0 else None
+    network = model if split is None else split.body
+    cache_arg = _cache_argument(network)
     cache = DynamicCache(config=model.config)
     with autocast_context(device, autocast_dtype):
-        prompt_logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_positions,
-                              use_cache=True, **{cache_arg: cache}).logits[:, -1]  # (U, V)
+        prompt_out = network(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=prompt_positions,
+                             use_cache=True, **{cache_arg: cache})
         cache.batch_select_indices(rows)  # each row gets its prompt's keys and values (a gather: grads sum)
         full_mask = torch.cat([prompt_mask[rows], completion_mask], dim=1)  # (B, P + C)
-        completion_logits = model(input_ids=completion_ids, attention_mask=full_mask,
-                                  position_ids=completion_positions, use_cache=True, **{cache_arg: cache}).logits
-    # Row b's completion token j is predicted by its prompt's last logits (j = 0), else by
-    # completion position j - 1; positions past a row's completion are padding, cut off below.
-    scores = torch.cat([prompt_logits[rows][:, None], completion_logits[:, :-1]], dim=1)  # (B, C, V)
-    values, entropies = sequence_logprobs(scores, completion_ids, temperature, with_entropy, entropy_grad)  # (B, C)
-
-    def placed(per_position: Tensor) -> Tensor:  # (B, C) -> (B, T), row b from column starts[b]
-        # Each row with unbind, not per_position[b]: see `sequence_logprobs`.
-        rows = [row[:count] for row, count in zip(per_position.unbind(0), completion_lengths)]
-        return _place(torch.zeros((batch, length), dtype=values.dtype, device=device), rows, starts)
-
-    return placed(values), (placed(entropies) if entropies is not None else None)
-
-
-def _place(base: Tensor, rows: list[Tensor], starts: list[int]) -> Tensor:
-    """`base` (B, T) with row b's values written from column starts[b], differentiably."""
-    out = []
-    for b, values in enumerate(rows):
-        before = base[b, : starts[b]]
-        after = base[b, starts[b] + values.shape[0]:]
-        out.append(torch.cat([before, values.to(base.dtype), after]))
-    return torch.stack(out) if out else base
+        completion_out = network(input_ids=completion_ids, attention_mask=full_mask,
+                                 position_ids=completion_positions, use_cache=True, **{cache_arg: cache})
+        name = "logits" if split is None else "last_hidden_state"
+        prompt_features, completion_features = getattr(prompt_out, name), getattr(completion_out, name)
+        # Row b's completion token j is predicted by its prompt's last position (j = 0), else by
+        # completion position j - 1: hidden states (F = H), or logits (F = V) without a split.
+        features = torch.cat([prompt_features[:, -1][rows][:, None], completion_features[:, :-1]], dim=1)  # (B, C, F)
+        del prompt_out, completion_out, prompt_features, completion_features
+        values, entropies = head_logprobs(features[wanted], completion_ids[wanted], None if split is None else split.head,
+                                          temperature, with_entropy, entropy_grad,
+                                          chunk_tokens or max(int(wanted.sum()), 1))  # (N,) each
+    row_index, column = wanted.nonzero(as_tuple=True)
+    index = row_index * length + (starts_column[row_index, 0] + column)  # (N,) flat positions in (B, T)
+    logprobs = scatter_positions(values, index, (batch, length))  # (B, T)
+    return logprobs, (None if entropies is None else scatter_positions(entropies, index, (batch, length)))

@@ -10,11 +10,19 @@ accumulate; each micro-batch loss is normalised by the whole batch's denominator
 completion tokens for token aggregation), so the accumulated gradient equals the gradient of the
 whole-batch loss. An update whose loss or gradient norm is not finite is skipped and reported
 (`skipped: 1`).
+
+Memory and speed of a real model's update: the log-prob passes compute the LM head in
+checkpointed chunks at the positions the losses read (trainer/logprobs.py,
+`trainer.logprob_chunk_tokens`); `trainer.gradient_checkpointing` recomputes each layer in the
+backward; `trainer.precision` picks bf16 autocast where it pays (trainer/precision.py);
+`trainer.micro_batch_size: auto` sizes micro-batches from the memory available
+(trainer/memory.py). What was chosen is in `Trainer.setup`, logged when the trainer is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -37,10 +45,16 @@ from tidal.algos.losses import (
 from tidal.config.schema import AlgorithmConfig, TrainerConfig
 from tidal.trainer.checkpoint import load_training_state, save_training_state
 from tidal.trainer.critic import CRITIC_FILE, Critic, PolicyWithCritic
-from tidal.trainer.logprobs import token_logprobs, trim_padding
+from tidal.trainer.logprobs import split_model, token_logprobs, trim_padding
+from tidal.trainer.memory import MemoryPlan, plan_memory
 from tidal.trainer.optim import adamw
+from tidal.trainer.precision import autocast_dtype_for, choose_precision
 from tidal.trainer.prefix import prompt_groups, shared_prefix_logprobs
 from tidal.types import TrainBatch
+
+__all__ = ["ReplayBatch", "Trainer", "WarmupSchedule", "autocast_dtype_for"]
+
+logger = logging.getLogger(__name__)
 
 MicroLoss = Callable[[slice], tuple[Tensor, dict[str, float]]]
 Part = tuple[int, MicroLoss]  # rows of one batch, and the loss of a slice of them
@@ -93,15 +107,6 @@ class WarmupSchedule:
         return 1.0 - progress
 
 
-def autocast_dtype_for(precision: str, device: torch.device) -> torch.dtype | None:
-    """bf16 for "bf16", or for "auto" on a CUDA device that supports it; None means fp32."""
-    if precision == "bf16":
-        return torch.bfloat16
-    if precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return None
-
-
 def _wide(values: Tensor) -> Tensor:
     """At least fp32: bf16 batch tensors are widened, fp64 ones (tests) stay fp64."""
     return values.to(torch.promote_types(values.dtype, torch.float32))
@@ -122,6 +127,21 @@ def _rows(values: Tensor, rows: slice, length: int) -> Tensor:
     return values[rows] if values.dim() == 1 else values[rows, :length]
 
 
+def _enable_checkpointing(model: torch.nn.Module) -> None:
+    """Hugging Face's per-layer checkpointing, non-reentrant (it replays autocast, and needs no
+    input that requires grad): `activation_checkpointing_enable` in recent transformers (where
+    the other name is deprecated), else `gradient_checkpointing_enable`."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        return
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise ValueError(f"trainer.gradient_checkpointing: {type(model).__name__} has no activation or gradient "
+                         "checkpointing to enable (a Hugging Face model has); set it to false")
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class Trainer:
     """Optimizer, schedule and update steps for one policy model (and its value model for gae).
 
@@ -130,6 +150,8 @@ class Trainer:
     `kl` holds the KL coefficient (adaptive when `algorithm.kl_target` is set); `critic` is
     the value model, created as a copy of the policy's backbone when `algorithm.advantage` is an
     estimator that needs one (`needs_critic`: the `CRITIC_ADVANTAGES`, i.e. gae), else None.
+    `setup` records the precision decision, the log-prob path, gradient checkpointing and the
+    micro-batch plan; `micro_batch_size` is the size of the latest batch's micro-batches.
     """
 
     def __init__(
@@ -165,12 +187,42 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, WarmupSchedule(trainer_cfg.warmup_steps, total_steps, trainer_cfg.schedule)
         )
-        self.autocast_dtype = autocast_dtype_for(trainer_cfg.precision, self.device)
+        if trainer_cfg.gradient_checkpointing:
+            _enable_checkpointing(self.model)
+        precision = choose_precision(trainer_cfg.precision, self.device, self.model)
+        self.autocast_dtype = precision.dtype
         self.updates = 0
         self.kl = KLController(algo_cfg.kl_coef, algo_cfg.kl_target, algo_cfg.kl_horizon)
         self.critic: Critic | None = None
         if needs_critic(algo_cfg.advantage):
             self.critic = Critic(self.model, algo_cfg.critic_lr, betas, trainer_cfg.weight_decay, self.device)
+        chunked = trainer_cfg.logprob_chunk_tokens > 0 and split_model(self.model) is not None
+        self.memory: MemoryPlan | None = None
+        if trainer_cfg.micro_batch_size == "auto":  # measured before the gradients and AdamW state exist
+            self.memory = plan_memory(self.model, self.device, self.autocast_dtype, trainer_cfg.gradient_checkpointing,
+                                      trainer_cfg.logprob_chunk_tokens, chunked, value_model=self.critic is not None)
+        self.micro_batch_size = trainer_cfg.micro_batch_size if isinstance(trainer_cfg.micro_batch_size, int) else 1
+        self.setup: dict[str, Any] = {
+            "precision": precision.record(),
+            "logprobs": f"chunked, {trainer_cfg.logprob_chunk_tokens} tokens" if chunked else "full logits",
+            "gradient_checkpointing": trainer_cfg.gradient_checkpointing,
+            "micro_batch_size": trainer_cfg.micro_batch_size,
+        }
+        logger.info("trainer: %s", self.setup)
+
+    def _size_micro_batches(self, rows: int, *masks: Tensor) -> None:
+        """Set `micro_batch_size` for a batch of `rows` sequences whose longest row is the
+        longest of `masks`' (attention masks); `micro_batch_size: auto` asks the memory plan,
+        and logs a size that differs from the last one."""
+        if self.memory is None:
+            return
+        length = max(int(mask.sum(dim=1).max()) for mask in masks if mask.numel())
+        size = self.memory.rows(length, rows)
+        if size != self.micro_batch_size or "micro_batch_plan" not in self.setup:
+            self.setup["micro_batch_plan"] = self.memory.record(length, rows)
+            logger.info("trainer: micro-batch size %d for %d rows of up to %d tokens (%s)",
+                        size, rows, length, self.setup["micro_batch_plan"])
+        self.micro_batch_size = size
 
     # ---------------------------------------------------------------- update machinery
 
@@ -185,9 +237,9 @@ class Trainer:
         module.train()
         optimizer.zero_grad(set_to_none=True)
         chunks = [
-            (micro_loss, slice(start, start + self.cfg.micro_batch_size))
+            (micro_loss, slice(start, start + self.micro_batch_size))
             for num_rows, micro_loss in parts
-            for start in range(0, num_rows, self.cfg.micro_batch_size)
+            for start in range(0, num_rows, self.micro_batch_size)
         ]
         sums: dict[str, float] = defaultdict(float)
         total_loss, finite = 0.0, True
@@ -215,16 +267,19 @@ class Trainer:
         return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, "skipped": float(skipped), **sums}
 
     def _logprobs(self, model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                  prompt_lengths: Tensor | None = None, **kwargs: Any):
-        """Per-token logprobs (and entropies) of right-padded rows; with `prompt_lengths` and
-        `trainer.shared_prefix`, rows that share a prompt run it once (trainer/prefix.py), and
-        only completion positions are computed."""
-        if prompt_lengths is not None and self.cfg.shared_prefix:
+                  prompt_lengths: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+        """Per-token logprobs (and entropies) of right-padded rows, at the `positions` the caller
+        reads (kwargs; the others are 0); with `prompt_lengths` and `trainer.shared_prefix`, rows
+        that share a prompt run it once (trainer/prefix.py), and only completion positions are
+        computed. Under gradient checkpointing a pass with gradients runs whole rows: Hugging
+        Face's checkpointed layers drop the KV cache the shared prompt lives in."""
+        kwargs.update(autocast_dtype=self.autocast_dtype, chunk_tokens=self.cfg.logprob_chunk_tokens)
+        checkpointed = self.cfg.gradient_checkpointing and torch.is_grad_enabled() and model.training
+        if prompt_lengths is not None and self.cfg.shared_prefix and not checkpointed:
             groups = prompt_groups(input_ids, prompt_lengths)
             if len(groups[0]) < len(groups[1]):  # some prompt has several rows: worth sharing
-                return shared_prefix_logprobs(model, input_ids, attention_mask, prompt_lengths,
-                                              autocast_dtype=self.autocast_dtype, groups=groups, **kwargs)
-        return token_logprobs(model, input_ids, attention_mask, autocast_dtype=self.autocast_dtype, **kwargs)
+                return shared_prefix_logprobs(model, input_ids, attention_mask, prompt_lengths, groups=groups, **kwargs)
+        return token_logprobs(model, input_ids, attention_mask, **kwargs)
 
     def _cross_entropy(
         self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, weight: float = 1.0, metric: str | None = None
@@ -238,8 +293,9 @@ class Trainer:
 
         def micro_loss(rows: slice) -> tuple[Tensor, dict[str, float]]:
             ids, attn, length = trim_padding(input_ids[rows], attention_mask[rows])
-            logprobs, _ = self._logprobs(self.model, ids, attn)  # (r, t)
-            cross_entropy = -(logprobs * loss_mask[rows, :length]).sum() / max(total_tokens, 1.0)
+            mask = loss_mask[rows, :length]  # (r, t)
+            logprobs, _ = self._logprobs(self.model, ids, attn, positions=mask)  # (r, t)
+            cross_entropy = -(logprobs * mask).sum() / max(total_tokens, 1.0)
             return weight * cross_entropy, ({metric: float(cross_entropy.detach())} if metric else {})
 
         return (input_ids.shape[0], micro_loss), total_tokens
@@ -260,11 +316,11 @@ class Trainer:
         """`model`'s logprobs (B, T) of the batch's tokens, without gradient."""
         out = torch.zeros_like(batch.old_logprobs)  # (B, T)
         with torch.no_grad():
-            for start in range(0, batch.input_ids.shape[0], self.cfg.micro_batch_size):
-                rows = slice(start, start + self.cfg.micro_batch_size)
+            for start in range(0, batch.input_ids.shape[0], self.micro_batch_size):
+                rows = slice(start, start + self.micro_batch_size)
                 ids, attn, length = trim_padding(batch.input_ids[rows], batch.attention_mask[rows])
                 values, _ = self._logprobs(model, ids, attn, _slice(batch.prompt_lengths, rows),
-                                           temperature=self.temperature)
+                                           temperature=self.temperature, positions=batch.completion_mask[rows, :length])
                 out[rows, :length] = values
         return out
 
@@ -302,7 +358,7 @@ class Trainer:
         valid = torch.isfinite(rewards)  # (B,)
         mask = batch.completion_mask * valid.unsqueeze(-1)  # (B, T)
         old_values = self.critic.values(
-            batch.input_ids, batch.attention_mask, self.cfg.micro_batch_size, self.autocast_dtype
+            batch.input_ids, batch.attention_mask, self.micro_batch_size, self.autocast_dtype
         ).to(mask.dtype)  # (B, T)
         advantages, returns = CRITIC_ADVANTAGES[name](
             torch.where(valid, rewards, torch.zeros_like(rewards)), old_values, mask,
@@ -360,7 +416,7 @@ class Trainer:
             mask = batch.completion_mask[rows, :length]  # (b, t)
             logprobs, entropy = self._logprobs(
                 self.model, ids, attn, _slice(batch.prompt_lengths, rows), temperature=self.temperature,
-                with_entropy=True, entropy_grad=self.algo.entropy_coef > 0,
+                with_entropy=True, entropy_grad=self.algo.entropy_coef > 0, positions=mask,
             )  # (b, t), (b, t)
             options: dict[str, Any] = {}
             if "is_cap" in inputs:
@@ -441,6 +497,8 @@ class Trainer:
         if total_tokens == 0:
             lr = float(self.optimizer.param_groups[0]["lr"])
             return {"loss": 0.0, "grad_norm": 0.0, "lr": lr, "skipped": 1.0, "tokens": 0.0}
+        masks = [batch.attention_mask] + ([] if replay is None else [replay.attention_mask])
+        self._size_micro_batches(max(mask.shape[0] for mask in masks), *masks)
         ref_logprobs = self._reference_logprobs(batch)
         kl_coef = self.kl.value
         advantages, value_targets, step_metrics = self._advantages(batch, ref_logprobs, kl_coef)
@@ -466,6 +524,7 @@ class Trainer:
         Shapes: (B, T) each, right-padded; loss_mask[:, t] = 1 trains the prediction of token t
         from the tokens before it. The temperature is 1 whatever the trainer's sampling one.
         """
+        self._size_micro_batches(input_ids.shape[0], attention_mask)
         part, total_tokens = self._cross_entropy(input_ids, attention_mask, loss_mask)
         if total_tokens == 0:
             lr = float(self.optimizer.param_groups[0]["lr"])
