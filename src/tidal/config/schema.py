@@ -281,15 +281,40 @@ class TrainerConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="linear warmup steps")
     schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="LR after warmup")
     grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
-    micro_batch_size: int = Field(64, ge=1, description="sequences per forward/backward")
+    micro_batch_size: int | Literal["auto"] = Field(
+        64, description="sequences per forward/backward (>= 1), or auto: as many as the memory available when the "
+        "trainer starts holds for each batch's sequence length (trainer/memory.py; the choice is logged)",
+    )
     shared_prefix: bool = Field(
         True, description="RL updates run each distinct prompt of a micro-batch once, its KV cache shared by the "
-        "group's completions (same loss and gradient, fewer prompt tokens); false: every row runs whole",
+        "group's completions (same loss and gradient, fewer prompt tokens); false: every row runs whole. Passes "
+        "with gradients run whole rows under gradient_checkpointing (which drops the KV cache)",
     )
-    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 autocast where supported (CUDA), fp32 on CPU")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="bf16: forward and backward under bf16 autocast (weights, optimizer state and the "
+        "log-softmax stay fp32); auto: bf16 on a CUDA device that has it, and on a CPU with native bf16 matmuls "
+        "(AMX, AVX512-BF16) for a model of 20M+ parameters whose matmul a start-up probe finds 1.5x faster in "
+        "bf16 (trainer/precision.py; the decision is logged); else fp32",
+    )
+    logprob_chunk_tokens: int = Field(
+        1024, ge=0, le=1 << 20, description="tokens per chunk of the LM head and log-softmax in the trainer's "
+        "passes, each chunk recomputed in the backward, so a micro-batch's full logits never exist (models whose "
+        "logits are the head of the last hidden states; others compute full logits); 0 = full logits always",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="recompute each transformer layer in the backward instead of keeping its activations "
+        "(Hugging Face gradient checkpointing, non-reentrant): much less memory, about a third more compute",
+    )
     steps: int = Field(50, ge=0, description="RL steps")
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
+
+    @field_validator("micro_batch_size")
+    @classmethod
+    def _positive_micro_batch(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or 'auto', got {value}")
+        return value
 
 
 class WarmStartConfig(Section):
