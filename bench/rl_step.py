@@ -15,9 +15,16 @@ FLOPs each side computes, so the ratio splits into less work and work done faste
 (completions/s, the ratio tidal / TRL, the work) is written into the "## RL step" section of
 bench/RESULTS.md.
 
+With `--model DIR` both sides load that Hugging Face checkpoint folder (`tidal model import` writes
+one) with its tokenizer and chat template instead of the tiny model; only tidal (synchronous) and
+TRL run, each step split by phase (bench/rl_step_phases.py: generate, score, log-prob pass,
+forward + backward, optimizer, other), into the "## RL step, real model" section. `--kl` adds a
+reference model on both sides, and with it the no-grad log-prob pass neither runs without one.
+
     python bench/rl_step.py                     # 2 prompts x 8 samples, 1 warm-up + 5 timed steps
     python bench/rl_step.py --threads 1 2 --rounds 3   # one comparison per thread count
     python bench/rl_step.py --profile tidal     # cProfile of tidal's timed steps, top functions
+    python bench/rl_step.py --model /tmp/smolhf # a real checkpoint: 2 x 8 samples of 48 tokens, 1 + 3 steps
 """
 
 from __future__ import annotations
@@ -41,12 +48,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rl_step_phases  # noqa: E402
 from results_md import command_line, write_section  # noqa: E402
 
 SECTION = "## RL step"
 # tidal-unshared: tidal with trainer.shared_prefix=false; tidal-async: generation overlapping the
 # update, one step off-policy (bench/rl_step_tidal.py)
 SIDES = ("tidal", "trl", "tidal-unshared", "tidal-async")
+MODEL_SIDES = ("tidal", "trl")  # with --model: the on-policy comparison only, each step split by phase
+# --steps and --new-tokens when not given: the tiny model's, and a real checkpoint's (a few minutes on 2 cores)
+DEFAULTS = {"tiny": {"steps": 5, "new_tokens": 32}, "model": {"steps": 3, "new_tokens": 48}}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,9 +66,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--prompts", type=int, default=2, help="distinct prompts per step (default 2)")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt, the GRPO group size (default 8)")
-    parser.add_argument("--new-tokens", type=int, default=32, help="tokens per completion, forced (default 32)")
+    parser.add_argument(
+        "--new-tokens", type=int, help="tokens per completion, forced (default 32; with --model 48)"
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first, at least 1 (default 1)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per side (default 5)")
+    parser.add_argument("--steps", type=int, help="timed steps per side (default 5; with --model 3)")
+    parser.add_argument(
+        "--model", type=Path, metavar="DIR",
+        help="a Hugging Face checkpoint folder both sides load (tokenizer and chat template too) instead of the "
+        "tiny model; runs tidal and TRL only, split by phase, into the '## RL step, real model' section",
+    )
+    parser.add_argument(
+        "--kl", type=float, nargs="+", default=[0.0], metavar="COEF",
+        help="KL-to-reference coefficients, one comparison each, on both sides (TRL beta, tidal algorithm.kl_coef; "
+        "k3 in the loss): > 0 adds a reference model and its no-grad log-prob pass; needs --model (default 0)",
+    )
     parser.add_argument(
         "--threads", type=int, nargs="+", default=[2], help="torch CPU thread counts, one comparison each (default 2)"
     )
@@ -74,6 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # internal: run one side, print JSON
     args = parser.parse_args(argv)
+    for name, default in DEFAULTS["model" if args.model else "tiny"].items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     for name in ("prompts", "new_tokens", "steps", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -83,7 +109,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--samples must be >= 2 (a GRPO group needs two samples; TRL refuses fewer)")
     if args.warmup < 1:
         parser.error("--warmup must be >= 1 (TRL's first timed step starts where the last warm-up step ends)")
+    if min(args.kl) < 0:
+        parser.error("--kl must be >= 0")
+    if any(args.kl) and not args.model:
+        parser.error("--kl needs --model: TRL loads its reference model from the checkpoint folder, and the tiny "
+                     "model has none")
+    if args.model:
+        if not (args.model / "config.json").is_file():
+            parser.error(f"--model {args.model}: no config.json there; pass a Hugging Face checkpoint folder "
+                         "(`tidal model import FILE.gguf --out DIR` writes one)")
+        if "quantization_config" in json.loads((args.model / "config.json").read_text()):
+            # transformers then marks the model quantized, and TRL's Trainer refuses to train it.
+            parser.error(f"--model {args.model}: config.json has a quantization_config (a folder saved from a "
+                         "GGUF-loaded model keeps it); re-import it with `tidal model import FILE.gguf --out DIR`, "
+                         "which drops it, or delete that key if the weights are plain floats")
+        if args.profile in ("tidal-unshared", "tidal-async"):
+            parser.error(f"--profile {args.profile}: with --model only the sides {', '.join(MODEL_SIDES)} run")
+        args.model = args.model.resolve()
     return args
+
+
+def sides(args: argparse.Namespace) -> tuple[str, ...]:
+    return MODEL_SIDES if args.model else SIDES
 
 
 # ------------------------------------------------------------------ the task, shared by both sides
@@ -150,11 +197,16 @@ class WorkCounter:
         return {"total": total, "generate": self.generate_flops, "train": total - self.generate_flops}
 
 
-def build_model_and_tokenizer(seed: int) -> tuple[Any, Any]:
-    from tidal.config.schema import TinyModelConfig
+def build_model_and_tokenizer(seed: int, model_dir: Path | None = None) -> tuple[Any, Any]:
+    """The tiny model from `seed`, or the checkpoint in `model_dir`, fp32 on the CPU (as tidal loads it)."""
+    from tidal.config.schema import ModelConfig, TinyModelConfig
+    from tidal.models.io import load_model
     from tidal.models.tiny import build_tiny_model
     from tidal.models.tokenizer import build_tiny_tokenizer
 
+    if model_dir is not None:
+        loaded = load_model(ModelConfig(path=str(model_dir), device="cpu"))
+        return loaded.model, loaded.tokenizer
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(TinyModelConfig(), tokenizer, seed=seed)  # hidden 256, 4 layers, 4/2 heads, MLP 768
     return model, tokenizer
@@ -163,9 +215,9 @@ def build_model_and_tokenizer(seed: int) -> tuple[Any, Any]:
 # ------------------------------------------------------------------ the sides (tidal's: bench/rl_step_tidal.py)
 
 
-def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]], dict[str, float]]:
-    """Step seconds of the timed steps (end of one optimizer step to the next), per-step facts, and
-    the FLOPs of one more step, counted (untimed)."""
+def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, Any]], dict[str, float]]:
+    """Step seconds of the timed steps (end of one optimizer step to the next), per-step facts (with
+    the step's phases), and the FLOPs of one more step, counted (untimed)."""
     import warnings
 
     import torch
@@ -175,7 +227,7 @@ def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float
 
     # transformers 5 deprecation notices raised from inside TRL: not ours to act on, and noisy.
     warnings.filterwarnings("ignore", category=FutureWarning)
-    model, tokenizer = build_model_and_tokenizer(args.seed)
+    model, tokenizer = build_model_and_tokenizer(args.seed, args.model)
     questions = arithmetic_questions(args.seed)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "answer": a} for q, a in questions])
     facts: list[dict[str, float]] = []
@@ -196,13 +248,36 @@ def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float
     timed_steps = args.warmup + args.steps
     counter = WorkCounter()
     counter.wrap_generate(model)  # TRL samples through the model's own `generate`
+    phases = rl_step_phases.PhaseClock()
+
+    class PhasedGRPOTrainer(GRPOTrainer):
+        """TRL's trainer with its sampling, scoring and no-grad log-prob passes timed around its own
+        methods (the update's phases come from torch hooks, rl_step_phases.UpdateMarks)."""
+
+        def _prepare_inputs(self, *args: Any, **kwargs: Any) -> Any:
+            # Tokenising the prompts, sampling, rewards, advantages, padding and splitting the batch;
+            # the sampling and log-prob passes inside are counted as their own phases.
+            with phases.phase("score"):
+                return super()._prepare_inputs(*args, **kwargs)
+
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            with phases.phase("generate"):
+                return super()._generate(*args, **kwargs)
+
+        def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+            if torch.is_grad_enabled():  # the policy loss's forward: the update's hooks time it
+                return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            with phases.phase("logprob"):
+                return super()._get_per_token_logps_and_entropies(*args, **kwargs)
 
     class StepClock(TrainerCallback):
-        """Marks the end of every optimizer step; a step's time is the gap between two marks. The
-        step after the timed ones runs under the FLOP counter."""
+        """Marks the end of every optimizer step; a step's time is the gap between two marks, and
+        its phases are those seen since the mark before. The step after the timed ones runs under
+        the FLOP counter."""
 
         def __init__(self) -> None:
             self.marks: list[float] = []
+            self.phases: list[dict[str, float]] = []
 
         def on_step_begin(self, _args: Any, state: Any, *_: Any, **__: Any) -> None:
             if state.global_step == timed_steps:
@@ -211,8 +286,11 @@ def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float
         def on_step_end(self, *_: Any, **__: Any) -> None:
             if counter.active:
                 counter.__exit__(None, None, None)
+                phases.take()
             else:
-                self.marks.append(time.perf_counter())
+                now = time.perf_counter()
+                self.phases.append(phases.take(now - self.marks[-1] if self.marks else None))
+                self.marks.append(now)
 
     clock = StepClock()
     with tempfile.TemporaryDirectory() as output_dir:
@@ -226,7 +304,7 @@ def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float
             temperature=1.0,
             top_p=1.0,
             top_k=0,
-            beta=0.0,
+            beta=args.kl[0],
             epsilon=0.2,
             epsilon_high=0.28,  # tidal's default clip-higher, so both optimise the same loss
             learning_rate=1e-5,
@@ -245,16 +323,19 @@ def run_trl(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float
             disable_tqdm=True,
             dataloader_num_workers=0,
         )
-        trainer = GRPOTrainer(
+        trainer = PhasedGRPOTrainer(
             model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer
         )
         torch.set_num_threads(args.threads[0])  # after the trainer is built, in case anything reset it
         trainer.add_callback(clock)
+        update = rl_step_phases.UpdateMarks(phases, trainer.model)
         with profiled(args.profile == "trl"):
             trainer.train()
+        update.close()
     marks = clock.marks[args.warmup - 1 :]
     seconds = [b - a for a, b in zip(marks, marks[1:])]
-    return seconds, facts[args.warmup : timed_steps], counter.result()
+    timed = [{**fact, "phases": split} for fact, split in zip(facts, clock.phases)][args.warmup : timed_steps]
+    return seconds, timed, counter.result()
 
 
 @contextlib.contextmanager
@@ -292,8 +373,8 @@ def run_side(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------ the comparison
 
 
-def run_subprocess(args: argparse.Namespace, side: str, threads: int) -> dict[str, Any]:
-    """One side in a fresh process with `threads` threads; its result, checked."""
+def run_subprocess(args: argparse.Namespace, side: str, threads: int, kl: float = 0.0) -> dict[str, Any]:
+    """One side in a fresh process with `threads` threads (and KL coefficient `kl`); its result, checked."""
     env = dict(os.environ)
     # Identical native thread pools on both sides, set before torch loads.
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -305,6 +386,8 @@ def run_subprocess(args: argparse.Namespace, side: str, threads: int) -> dict[st
     }
     if args.profile:
         options["--profile"] = args.profile
+    if args.model:
+        options.update({"--model": args.model, "--kl": kl})
     command = [sys.executable, str(Path(__file__).resolve()), *(str(x) for item in options.items() for x in item)]
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
@@ -321,25 +404,27 @@ def run_subprocess(args: argparse.Namespace, side: str, threads: int) -> dict[st
     return result
 
 
-def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[str, Any]:
-    """Both sides at `threads` threads, `args.rounds` times; medians over all timed steps.
+def compare(args: argparse.Namespace, threads: int, loads: list[float], kl: float = 0.0) -> dict[str, Any]:
+    """Both sides at `threads` threads, `args.rounds` times; medians over all timed steps (the
+    phases: means, rl_step_phases.means).
 
     Appends the 1-minute load average seen before each run to `loads`.
     """
     completions = args.prompts * args.samples
-    step_seconds: dict[str, list[float]] = {side: [] for side in SIDES}
-    phase_seconds: dict[str, dict[str, list[float]]] = {side: {} for side in SIDES if side != "trl"}
+    step_seconds: dict[str, list[float]] = {side: [] for side in sides(args)}
+    phase_seconds: dict[str, dict[str, list[float]]] = {side: {} for side in sides(args) if side != "trl"}
+    split_steps: dict[str, list[dict[str, float]]] = {side: [] for side in sides(args)}  # rl_step_phases
     flops: dict[str, dict[str, float]] = {}
     staleness: list[int] = []  # of each tidal-async batch when trained
     for round_index in range(args.rounds):
-        for side in SIDES:
+        for side in sides(args):
             loads.append(os.getloadavg()[0])
-            result = run_subprocess(args, side, threads)
+            result = run_subprocess(args, side, threads, kl)
             step_seconds[side] += result["seconds"]
             flops[side] = result["flops"]  # the same every round: same seeds, same shapes
             rewards = [f["reward"] for f in result["facts"]]
             print(
-                f"threads={threads} round {round_index + 1} {side:14s} step s: "
+                f"threads={threads}{f' kl={kl}' if args.model else ''} round {round_index + 1} {side:14s} step s: "
                 + " ".join(f"{s:.3f}" for s in result["seconds"])
                 + f"  (mean reward {statistics.fmean(rewards):.3f}, load {loads[-1]:.2f} before)"
             )
@@ -348,8 +433,10 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[
                     phase_seconds.get(side, {}).setdefault(key, []).append(fact[key])
                 if "staleness" in fact:
                     staleness.append(int(fact["staleness"]))
-    row: dict[str, Any] = {"threads": threads}
-    for side in SIDES:
+                if "phases" in fact:
+                    split_steps[side].append(fact["phases"])
+    row: dict[str, Any] = {"threads": threads, "kl": kl}
+    for side in sides(args):
         median = statistics.median(step_seconds[side])
         row[side] = {
             "median_step_s": median,
@@ -359,12 +446,13 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float]) -> dict[
             "flops": flops[side],
             "gflops_per_s": flops[side]["total"] / median / 1e9,
         }
-    row["ratio"] = row["tidal"]["completions_per_s"] / row["trl"]["completions_per_s"]
-    row["unshared_ratio"] = row["tidal-unshared"]["completions_per_s"] / row["trl"]["completions_per_s"]
-    row["async_ratio"] = row["tidal-async"]["completions_per_s"] / row["trl"]["completions_per_s"]
+    for key, side in (("ratio", "tidal"), ("unshared_ratio", "tidal-unshared"), ("async_ratio", "tidal-async")):
+        if side in row:
+            row[key] = row[side]["completions_per_s"] / row["trl"]["completions_per_s"]
     row["staleness"] = {k: staleness.count(k) for k in sorted(set(staleness))}
     row["phases"] = {side: {key.removesuffix("_s"): statistics.median(v) for key, v in by_key.items()}
                      for side, by_key in phase_seconds.items()}
+    row["split"] = {side: rl_step_phases.means(steps) for side, steps in split_steps.items() if steps}
     return row
 
 
@@ -468,12 +556,30 @@ def main(argv: list[str] | None = None) -> None:
             print(f"threads={threads} {args.profile} step s: " + " ".join(f"{s:.3f}" for s in result["seconds"]))
         return
     loads: list[float] = []
-    rows = [compare(args, threads, loads) for threads in args.threads]
+    rows = [compare(args, threads, loads, kl) for kl in args.kl for threads in args.threads]
     loads.append(os.getloadavg()[0])
+    if args.model:
+        from tidal.models.io import render_prompt
+
+        model, tokenizer = build_model_and_tokenizer(args.seed, args.model)
+        parameters = sum(p.numel() for p in model.parameters())
+        del model
+        lengths = [len(render_prompt(tokenizer, [{"role": "user", "content": q}]))
+                   for q, _ in arithmetic_questions(args.seed)]
+        report = rl_step_phases.model_section(
+            args, rows, loads, parameters, len(tokenizer), statistics.fmean(lengths)
+        )
+        print(report)
+        if not args.no_write:
+            write_section(args.results, rl_step_phases.SECTION, report)
+            print(f"wrote the {rl_step_phases.SECTION!r} section of {args.results}")
+        return
     print("\n".join(table(rows)))
     for row in rows:
         for side in row["phases"]:
             print(f"{side}'s step by phase at {row['threads']} thread(s), median s: {phases(row, side)}")
+        print(f"tidal and TRL by phase at {row['threads']} thread(s), mean s (bench/rl_step_phases.py):")
+        print("\n".join(rl_step_phases.table(row["split"], rl_step_phases.not_run(row["kl"]))))
         print(work(row))
     print(f"1-minute load average before each run: {', '.join(f'{x:.2f}' for x in loads[:-1])}; after: {loads[-1]:.2f}")
     if not args.no_write:

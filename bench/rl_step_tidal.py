@@ -12,6 +12,10 @@ first (`weights.load_verified`). torch's threads are split between the two threa
 splits them by default (`backends.local.cpu_thread_split`: halved, at least one each). Each
 batch is thus at most one update stale when trained, and the update's PPO ratio is taken against
 the logprobs of the weights that sampled it.
+
+The synchronous step records its phases (bench/rl_step_phases.py): generate and score timed
+around the calls below, the update's phases through torch hooks on the model and the optimizer,
+from outside the trainer.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 from typing import Any
 
 import rl_step
+import rl_step_phases
 
 
 def _parts(args: argparse.Namespace, shared: bool) -> dict[str, Any]:
@@ -36,12 +41,14 @@ def _parts(args: argparse.Namespace, shared: bool) -> dict[str, Any]:
     from tidal.trainer.trainer import Trainer
     from tidal.types import Task, VerifierSpec
 
-    model, tokenizer = rl_step.build_model_and_tokenizer(args.seed)
+    model, tokenizer = rl_step.build_model_and_tokenizer(args.seed, args.model)
     device = torch.device("cpu")
     total_steps = args.warmup + args.steps + 1  # the last one is counted, not timed
+    # With --kl, the reference is the starting weights, as TRL's (reloaded from the folder).
+    reference = copy.deepcopy(model) if args.kl[0] else None
     trainer = Trainer(
         model, TrainerConfig(lr=1e-5, micro_batch_size=args.prompts * args.samples, shared_prefix=shared),
-        AlgorithmConfig(), device, total_steps=total_steps,
+        AlgorithmConfig(kl_coef=args.kl[0]), device, total_steps=total_steps, ref_model=reference,
     )
     questions = rl_step.arithmetic_questions(args.seed)
     # The questions as tasks, for the groups (the bench scores with rl_step.arithmetic_reward).
@@ -93,31 +100,40 @@ def sample_batch(args: argparse.Namespace, parts: dict[str, Any], engine: Any, i
     }
 
 
-def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, float]], dict[str, float]]:
+def run_tidal(args: argparse.Namespace) -> tuple[list[float], list[dict[str, Any]], dict[str, float]]:
     """The synchronous step. Step seconds of the timed steps, per-step facts (completions, tokens,
-    reward), and the FLOPs of one more step, counted (untimed)."""
+    reward, the step's phases), and the FLOPs of one more step, counted (untimed)."""
     parts = _parts(args, shared=args.side != "tidal-unshared")  # each distinct prompt once per micro-batch
     engine, trainer = parts["engine"], parts["trainer"]
+    phases = rl_step_phases.PhaseClock()
+    # logprob: from the call to the first grad-enabled forward (the reference pass with --kl)
+    update = rl_step_phases.UpdateMarks(phases, parts["model"])
 
-    def step(index: int) -> dict[str, float]:
+    def step(index: int) -> dict[str, Any]:
         batch, facts = sample_batch(args, parts, engine, index)
+        phases.add("generate", facts["generate_s"])
+        phases.add("score", facts["score_collate_s"])
         began = time.perf_counter()
+        update.begin()
         trainer.rl_step(batch)
         engine.update_weights(None, version=index + 1)  # the engine shares the trainer's model
         return {**facts, "train_s": time.perf_counter() - began}
 
     for index in range(args.warmup):
         step(index)
+    phases.take()
     seconds, facts = [], []
     with rl_step.profiled(args.profile == args.side):
         for index in range(args.warmup, parts["total_steps"] - 1):
             start = time.perf_counter()
             facts.append(step(index))
             seconds.append(time.perf_counter() - start)
+            facts[-1]["phases"] = phases.take(seconds[-1])
     counter = rl_step.WorkCounter()
     counter.wrap_generate(engine)
     with counter:
         step(parts["total_steps"] - 1)
+    update.close()
     return seconds, facts, counter.result()
 
 
