@@ -4,8 +4,8 @@ The estimate, in bytes, for a batch whose rows are `length` tokens long:
 
     budget    = SAFETY * free - state - head
     per_token = layers * (ACT_HIDDEN * hidden + ACT_MLP * intermediate) * width
-                  (with gradient checkpointing: layers * hidden * 4 for the layer inputs, plus one
-                  layer's activations, the one being replayed)
+                  (with gradient checkpointing: layers * hidden * 4 for the layer inputs, plus
+                  CHECKPOINT_RETAINED of the layers' activations)
                 + layers * heads * length * 4 (attention weights, unless the model uses SDPA)
     rows      = budget // (length * per_token), at least 1, at most the batch's rows
 
@@ -16,6 +16,14 @@ The estimate, in bytes, for a batch whose rows are `length` tokens long:
   trainable parameter (twice for gae's value model, a copy of the backbone).
 - width: the bytes of a kept activation: 4 in fp32, BF16_WIDTH under bf16 autocast (the
   matmuls' inputs and outputs are bf16, the norms and the residual stream stay fp32).
+- The estimate is of the resident set, which is what a memory kill looks at, not of the live
+  tensors. Under gradient checkpointing the tensors kept for the backward are the layer inputs
+  and one replayed layer (113 KB a token on SmolLM2-135M, against 1.46 MB without), but the
+  resident set falls only to about half (CHECKPOINT_RETAINED): glibc keeps the replayed layers'
+  freed activations in its heap, among the gradients allocated meanwhile. With
+  MALLOC_MMAP_THRESHOLD_=1048576, which hands such blocks back at once, it follows the tensors
+  (bench/RESULTS.md, "Real-model update on CPU", the -mmap row). BF16_WIDTH is fitted to the
+  resident set the same way.
 - head: the log-prob head's working set, HEAD_COPIES fp32 (tokens, vocab) tensors (logits,
   softmax, gradient, scaled copy): of one chunk on the chunked path (trainer/logprobs.py), of the
   whole micro-batch (added to per_token) when the full logits are computed.
@@ -35,7 +43,8 @@ import torch
 
 ACT_HIDDEN = 12
 ACT_MLP = 4
-BF16_WIDTH = 2.5
+BF16_WIDTH = 3.0
+CHECKPOINT_RETAINED = 0.5
 STATE_BYTES = 12
 HEAD_COPIES = 4
 SAFETY = 0.7
@@ -141,7 +150,7 @@ def plan_memory(
     layers, hidden, intermediate, heads, vocab = _dims(model)
     width = 4.0 if autocast_dtype is None else BF16_WIDTH
     layer = (ACT_HIDDEN * hidden + ACT_MLP * intermediate) * width
-    per_token = layers * hidden * 4 + layer if gradient_checkpointing else layers * layer
+    per_token = layers * (hidden * 4 + CHECKPOINT_RETAINED * layer) if gradient_checkpointing else layers * layer
     attention = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     chunked = chunked and chunk_tokens > 0
