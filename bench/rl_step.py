@@ -19,7 +19,8 @@ With `--model DIR` both sides load that Hugging Face checkpoint folder (`tidal m
 one) with its tokenizer and chat template instead of the tiny model; only tidal (synchronous) and
 TRL run, each step split by phase (bench/rl_step_phases.py: generate, score, log-prob pass,
 forward + backward, optimizer, other), into the "## RL step, real model" section. `--kl` adds a
-reference model on both sides, and with it the no-grad log-prob pass neither runs without one.
+reference model on both sides, and with it the no-grad log-prob pass neither runs without one
+(its own section, "## RL step, real model, with a reference model").
 
     python bench/rl_step.py                     # 2 prompts x 8 samples, 1 warm-up + 5 timed steps
     python bench/rl_step.py --threads 1 2 --rounds 3   # one comparison per thread count
@@ -88,6 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rounds", type=int, default=1, help="run tidal then TRL this many times; medians count (default 1)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the model init, prompts and sampling")
+    parser.add_argument(
+        "--max-load", type=float, metavar="LOAD",
+        help="on a shared machine: before each side's run, wait (up to 30 min) until the 1-minute load average is "
+        "at most LOAD",
+    )
     parser.add_argument(
         "--profile",
         choices=SIDES,
@@ -404,6 +410,17 @@ def run_subprocess(args: argparse.Namespace, side: str, threads: int, kl: float 
     return result
 
 
+def wait_for_load(limit: float | None, patience_s: float = 1800.0) -> float:
+    """The 1-minute load average, once it is at most `limit` (None: now), or after `patience_s`."""
+    give_up = time.monotonic() + patience_s
+    load = os.getloadavg()[0]
+    while limit is not None and load > limit and time.monotonic() < give_up:
+        print(f"load average {load:.2f} > --max-load {limit}: waiting", flush=True)
+        time.sleep(15)
+        load = os.getloadavg()[0]
+    return load
+
+
 def compare(args: argparse.Namespace, threads: int, loads: list[float], kl: float = 0.0) -> dict[str, Any]:
     """Both sides at `threads` threads, `args.rounds` times; medians over all timed steps (the
     phases: means, rl_step_phases.means).
@@ -418,7 +435,7 @@ def compare(args: argparse.Namespace, threads: int, loads: list[float], kl: floa
     staleness: list[int] = []  # of each tidal-async batch when trained
     for round_index in range(args.rounds):
         for side in sides(args):
-            loads.append(os.getloadavg()[0])
+            loads.append(wait_for_load(args.max_load))
             result = run_subprocess(args, side, threads, kl)
             step_seconds[side] += result["seconds"]
             flops[side] = result["flops"]  # the same every round: same seeds, same shapes
@@ -571,8 +588,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(report)
         if not args.no_write:
-            write_section(args.results, rl_step_phases.SECTION, report)
-            print(f"wrote the {rl_step_phases.SECTION!r} section of {args.results}")
+            write_section(args.results, rl_step_phases.section_title(args.kl), report)
+            print(f"wrote the {rl_step_phases.section_title(args.kl)!r} section of {args.results}")
         return
     print("\n".join(table(rows)))
     for row in rows:

@@ -38,6 +38,11 @@ LABELS = {
 }
 
 
+def section_title(kl: list[float]) -> str:
+    """Without KL the section; with a reference model (--kl > 0) a section of its own beside it."""
+    return SECTION if not any(kl) else SECTION + ", with a reference model"
+
+
 class PhaseClock:
     """Seconds per phase, exclusive: time spent in a phase opened (or added) inside another is not
     counted in the outer one as well."""
@@ -175,7 +180,7 @@ def model_section(
     command = "python bench/rl_step.py" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
     timed = args.steps * args.rounds
     lines = [
-        SECTION,
+        section_title(args.kl),
         "",
         f"The RL step of \"## RL step\" on a real checkpoint: {args.model.name} "
         f"({', '.join(config.get('architectures', []))}, {parameters / 1e6:.1f}M parameters, "

@@ -46,9 +46,12 @@ def _parts(args: argparse.Namespace, shared: bool) -> dict[str, Any]:
     total_steps = args.warmup + args.steps + 1  # the last one is counted, not timed
     # With --kl, the reference is the starting weights, as TRL's (reloaded from the folder).
     reference = copy.deepcopy(model) if args.kl[0] else None
+    # fp32 as on TRL's side: precision `auto` takes bf16 autocast for a real model on a CPU with AMX.
+    trainer_cfg = TrainerConfig(
+        lr=1e-5, micro_batch_size=args.prompts * args.samples, shared_prefix=shared, precision="fp32"
+    )
     trainer = Trainer(
-        model, TrainerConfig(lr=1e-5, micro_batch_size=args.prompts * args.samples, shared_prefix=shared),
-        AlgorithmConfig(kl_coef=args.kl[0]), device, total_steps=total_steps, ref_model=reference,
+        model, trainer_cfg, AlgorithmConfig(kl_coef=args.kl[0]), device, total_steps=total_steps, ref_model=reference,
     )
     questions = rl_step.arithmetic_questions(args.seed)
     # The questions as tasks, for the groups (the bench scores with rl_step.arithmetic_reward).
