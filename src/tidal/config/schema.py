@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tidal.config.scale import LoraConfig, ParallelConfig
 from tidal.domains.adaptive import AdaptiveWeightsConfig
 from tidal.domains.curriculum import CurriculumConfig
 from tidal.domains.normalize import NormaliserConfig
@@ -305,6 +306,8 @@ class TrainerConfig(Section):
         False, description="recompute each transformer layer in the backward instead of keeping its activations "
         "(Hugging Face gradient checkpointing, non-reentrant): much less memory, about a third more compute",
     )
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="trainer ranks (DDP, FSDP2)")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="train a LoRA adapter (peft)")
     steps: int = Field(50, ge=0, description="RL steps")
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
@@ -562,6 +565,21 @@ class TidalConfig(Section):
                 f"reward.overlong_buffer={self.reward.overlong_buffer} must be below rollout.max_new_tokens="
                 f"{self.rollout.max_new_tokens} (the penalty ramps over the last overlong_buffer tokens)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _parallel_supported(self) -> "TidalConfig":
+        parallel = self.trainer.parallel
+        if parallel.strategy == "none":
+            return self
+        from tidal.algos.advantages import CRITIC_ADVANTAGES
+
+        if self.algorithm.advantage in CRITIC_ADVANTAGES:
+            raise ValueError(f"algorithm.advantage {self.algorithm.advantage!r} trains a value model, which runs in "
+                             f"one process: use trainer.parallel.strategy none, or a critic-free estimator (grpo, ...)")
+        from tidal.trainer.parallel.launch import check_world_size  # torch, only for a parallel run
+
+        check_world_size(parallel, self.model.device)
         return self
 
     @model_validator(mode="after")

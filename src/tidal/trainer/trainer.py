@@ -21,13 +21,14 @@ backward; `trainer.precision` picks bf16 autocast where it pays (trainer/precisi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -48,6 +49,7 @@ from tidal.trainer.critic import CRITIC_FILE, Critic, PolicyWithCritic
 from tidal.trainer.logprobs import split_model, token_logprobs, trim_padding
 from tidal.trainer.memory import MemoryPlan, plan_memory
 from tidal.trainer.optim import adamw
+from tidal.trainer.parallel.rank import RankContext, full_norm
 from tidal.trainer.precision import autocast_dtype_for, choose_precision
 from tidal.trainer.prefix import prompt_groups, shared_prefix_logprobs
 from tidal.types import TrainBatch
@@ -57,7 +59,15 @@ __all__ = ["ReplayBatch", "Trainer", "WarmupSchedule", "autocast_dtype_for"]
 logger = logging.getLogger(__name__)
 
 MicroLoss = Callable[[slice], tuple[Tensor, dict[str, float]]]
-Part = tuple[int, MicroLoss]  # rows of one batch, and the loss of a slice of them
+
+class Part(NamedTuple):
+    """Rows of one batch and the loss of a slice of them; `tokens` (per row) and `starts` (row i
+    starts a prompt group) say how ranks split the rows (trainer/parallel/rank.py)."""
+
+    rows: int
+    loss: MicroLoss
+    tokens: list[int] | None = None
+    starts: list[bool] | None = None
 
 # The key of the trainer's own state (the KL coefficient) in a checkpoint's `extra`.
 TRAINER_STATE = "trainer_state"
@@ -164,6 +174,7 @@ class Trainer:
         temperature: float = 1.0,
         ref_model: torch.nn.Module | None = None,
         max_tokens: int | None = None,
+        rank: RankContext | None = None,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for training logprobs, got {temperature}")
@@ -181,26 +192,31 @@ class Trainer:
         if ref_model is not None:
             ref_model.to(self.device).eval()
             ref_model.requires_grad_(False)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        betas = (trainer_cfg.betas[0], trainer_cfg.betas[1])
-        self.optimizer = adamw(self.params, lr=trainer_cfg.lr, betas=betas, weight_decay=trainer_cfg.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, WarmupSchedule(trainer_cfg.warmup_steps, total_steps, trainer_cfg.schedule)
-        )
         if trainer_cfg.gradient_checkpointing:
             _enable_checkpointing(self.model)
         precision = choose_precision(trainer_cfg.precision, self.device, self.model)
         self.autocast_dtype = precision.dtype
         self.updates = 0
         self.kl = KLController(algo_cfg.kl_coef, algo_cfg.kl_target, algo_cfg.kl_horizon)
+        betas = (trainer_cfg.betas[0], trainer_cfg.betas[1])
         self.critic: Critic | None = None
         if needs_critic(algo_cfg.advantage):
+            if rank is not None:
+                raise ValueError(f"algorithm.advantage {algo_cfg.advantage!r}: the value model trains in one process")
             self.critic = Critic(self.model, algo_cfg.critic_lr, betas, trainer_cfg.weight_decay, self.device)
         chunked = trainer_cfg.logprob_chunk_tokens > 0 and split_model(self.model) is not None
         self.memory: MemoryPlan | None = None
         if trainer_cfg.micro_batch_size == "auto":  # measured before the gradients and AdamW state exist
             self.memory = plan_memory(self.model, self.device, self.autocast_dtype, trainer_cfg.gradient_checkpointing,
                                       trainer_cfg.logprob_chunk_tokens, chunked, value_model=self.critic is not None)
+        self.rank = rank
+        if rank is not None:
+            rank.wrap(self.model)  # FSDP2 shards the parameters in place: the optimizer holds the shards
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = adamw(self.params, lr=trainer_cfg.lr, betas=betas, weight_decay=trainer_cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, WarmupSchedule(trainer_cfg.warmup_steps, total_steps, trainer_cfg.schedule)
+        )
         self.micro_batch_size = trainer_cfg.micro_batch_size if isinstance(trainer_cfg.micro_batch_size, int) else 1
         self.setup: dict[str, Any] = {
             "precision": precision.record(),
@@ -208,6 +224,8 @@ class Trainer:
             "gradient_checkpointing": trainer_cfg.gradient_checkpointing,
             "micro_batch_size": trainer_cfg.micro_batch_size,
         }
+        if rank is not None:
+            self.setup["parallel"] = f"{rank.strategy}, {rank.world_size} ranks"
         logger.info("trainer: %s", self.setup)
 
     def _size_micro_batches(self, rows: int, *masks: Tensor) -> None:
@@ -236,26 +254,35 @@ class Trainer:
             module, params, optimizer = self.model, self.params, self.optimizer
         module.train()
         optimizer.zero_grad(set_to_none=True)
-        chunks = [
-            (micro_loss, slice(start, start + self.micro_batch_size))
-            for num_rows, micro_loss in parts
-            for start in range(0, num_rows, self.micro_batch_size)
-        ]
+        rank = self.rank
+        if rank is None:
+            chunks = [(part.loss, slice(start, start + self.micro_batch_size), 1.0)
+                      for part in parts for start in range(0, part.rows, self.micro_batch_size)]
+        else:
+            chunks = rank.my_chunks(parts, self.micro_batch_size)
+        scale = 1.0 if rank is None else float(rank.world_size)  # DDP and FSDP2 average over the ranks
         sums: dict[str, float] = defaultdict(float)
         total_loss, finite = 0.0, True
-        for micro_loss, rows in chunks:
-            loss, metrics = micro_loss(rows)
-            value = float(loss.detach())
-            total_loss += value
-            if not math.isfinite(value):
-                finite = False
-                break
-            loss.backward()
+        for index, (micro_loss, rows, weight) in enumerate(chunks):
+            with rank.gradient_sync(index == len(chunks) - 1) if rank is not None else contextlib.nullcontext():
+                loss, metrics = micro_loss(rows)
+                value = float(loss.detach()) * weight
+                total_loss += value
+                if not math.isfinite(value):
+                    finite = False
+                    if rank is None:
+                        break  # with ranks every one goes on: their collectives must match
+                (loss * (weight * scale) if rank is not None else loss).backward()
             for key, metric in metrics.items():
-                sums[key] += metric
+                sums[key] += metric * weight
+        if rank is not None:
+            finite = rank.all_true(finite)
+            summed = rank.sum_metrics({**sums, "\0loss": total_loss})
+            total_loss = summed.pop("\0loss")
+            sums = defaultdict(float, summed)
         grad_norm = math.nan
         if finite:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+            grad_norm = full_norm(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
         lr = float(optimizer.param_groups[0]["lr"])
         skipped = not (finite and math.isfinite(grad_norm))
         if not skipped:
@@ -273,11 +300,18 @@ class Trainer:
         that share a prompt run it once (trainer/prefix.py), and only completion positions are
         computed. Under gradient checkpointing a pass with gradients runs whole rows: Hugging
         Face's checkpointed layers drop the KV cache the shared prompt lives in."""
+        if self.rank is not None and model is self.model:  # through DDP / FSDP2 (trainer/parallel/rank.py)
+            return self.rank.call(self._logprob_pass, input_ids, attention_mask, prompt_lengths, **kwargs)
+        return self._logprob_pass(model, input_ids, attention_mask, prompt_lengths, **kwargs)
+
+    def _logprob_pass(self, model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
+                      prompt_lengths: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
         kwargs.update(autocast_dtype=self.autocast_dtype, chunk_tokens=self.cfg.logprob_chunk_tokens)
         checkpointed = self.cfg.gradient_checkpointing and torch.is_grad_enabled() and model.training
         if prompt_lengths is not None and self.cfg.shared_prefix and not checkpointed:
             groups = prompt_groups(input_ids, prompt_lengths)
-            if len(groups[0]) < len(groups[1]):  # some prompt has several rows: worth sharing
+            # FSDP2 ranks must run the decoder as many times each: they all take the shared path.
+            if len(groups[0]) < len(groups[1]) or (self.rank is not None and self.rank.sharded):
                 return shared_prefix_logprobs(model, input_ids, attention_mask, prompt_lengths, groups=groups, **kwargs)
         return token_logprobs(model, input_ids, attention_mask, **kwargs)
 
@@ -298,7 +332,7 @@ class Trainer:
             cross_entropy = -(logprobs * mask).sum() / max(total_tokens, 1.0)
             return weight * cross_entropy, ({metric: float(cross_entropy.detach())} if metric else {})
 
-        return (input_ids.shape[0], micro_loss), total_tokens
+        return Part(input_ids.shape[0], micro_loss, attention_mask.sum(dim=1).tolist()), total_tokens
 
     # ---------------------------------------------------------------- RL
 
@@ -313,16 +347,24 @@ class Trainer:
         return self._frozen_logprobs(self.ref_model, batch)
 
     def _frozen_logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> Tensor:
-        """`model`'s logprobs (B, T) of the batch's tokens, without gradient."""
+        """`model`'s logprobs (B, T) of the batch's tokens, without gradient. With ranks, each
+        computes its own rows' and they are summed (every rank gets them all)."""
         out = torch.zeros_like(batch.old_logprobs)  # (B, T)
+        rows_total = batch.input_ids.shape[0]
+        if self.rank is None:
+            chunks = [(slice(s, s + self.micro_batch_size), 1.0) for s in range(0, rows_total, self.micro_batch_size)]
+        else:  # the sharded policy gathers its layers in each pass: as many passes on every rank
+            part = Part(rows_total, lambda rows: (torch.zeros(()), {}), *self._split_keys(batch))
+            chunks = [(rows, weight) for _, rows, weight in self.rank.my_chunks([part], self.micro_batch_size)
+                      if weight or (model is self.model and self.rank.sharded)]
         with torch.no_grad():
-            for start in range(0, batch.input_ids.shape[0], self.micro_batch_size):
-                rows = slice(start, start + self.micro_batch_size)
+            for rows, weight in chunks:
                 ids, attn, length = trim_padding(batch.input_ids[rows], batch.attention_mask[rows])
                 values, _ = self._logprobs(model, ids, attn, _slice(batch.prompt_lengths, rows),
                                            temperature=self.temperature, positions=batch.completion_mask[rows, :length])
-                out[rows, :length] = values
-        return out
+                if weight:
+                    out[rows, :length] = values
+        return out if self.rank is None else self.rank.sum_(out)
 
     def _advantages(
         self, batch: TrainBatch, ref_logprobs: Tensor | None, kl_coef: float
@@ -386,7 +428,7 @@ class Trainer:
             mask = targets.mask[rows, :length]
             return torch.where(mask > 0, per_token, torch.zeros_like(per_token)).sum() / total_tokens, {}
 
-        stats = self._apply([(batch.input_ids.shape[0], micro_loss)], critic=True)
+        stats = self._apply([Part(batch.input_ids.shape[0], micro_loss)], critic=True)
         return {"value_loss": stats["loss"], "critic_grad_norm": stats["grad_norm"], "critic_skipped": stats["skipped"]}
 
     def _on_device(self, batch: TrainBatch) -> TrainBatch:
@@ -446,7 +488,15 @@ class Trainer:
                 loss = loss - self.algo.entropy_coef * bonus
             return loss, metrics
 
-        return batch.input_ids.shape[0], micro_loss
+        return Part(batch.input_ids.shape[0], micro_loss, *self._split_keys(batch))
+
+    def _split_keys(self, batch: TrainBatch) -> tuple[list[int], list[bool] | None]:
+        """Tokens per row, and where prompt groups start (with prompt lengths): how ranks split the rows."""
+        tokens = batch.attention_mask.sum(dim=1).tolist()
+        if batch.prompt_lengths is None:
+            return tokens, None
+        source = prompt_groups(batch.input_ids, batch.prompt_lengths)[1]
+        return tokens, [i == 0 or source[i] != source[i - 1] for i in range(len(source))]
 
     def _replay_parts(self, replay: ReplayBatch | None) -> list[Part]:
         """The replay cross-entropy's part, when there is a replay batch with tokens to train and

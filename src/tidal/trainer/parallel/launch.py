@@ -1,0 +1,164 @@
+"""Starting the trainer ranks on this machine: rank 0 is the process that runs the loop; ranks
+1..N-1 are `python -m tidal.trainer.parallel.worker` processes it starts, and that die with it.
+
+Rank 0 opens the rendezvous store (a TCPStore on 127.0.0.1, a free port unless one is set), starts
+the workers with the spec of their trainer, and waits for each to join while watching it: a worker
+that exits before joining fails the start at once with its exit status, not after a timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tidal.config.scale import ParallelConfig
+from tidal.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+JOIN_KEY = "tidal/joined/{rank}"
+
+
+class RankError(RuntimeError):
+    """A trainer rank failed: it exited, or could not join the group."""
+
+
+def check_world_size(cfg: ParallelConfig, device: str) -> None:
+    """Raise ValueError when `cfg.world_size` ranks cannot run here: more than the visible GPUs on
+    CUDA, more than the CPU cores on a CPU (each gloo rank needs a core of its own)."""
+    if cfg.strategy == "none":
+        return
+    wants_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if wants_cuda:
+        gpus = torch.cuda.device_count()
+        if cfg.world_size > gpus:
+            raise ValueError(f"trainer.parallel.world_size={cfg.world_size}: this machine has {gpus} CUDA device(s); "
+                             "one rank per GPU")
+        if cfg.backend == "gloo" and cfg.strategy == "fsdp2":
+            raise ValueError("trainer.parallel.backend gloo: FSDP2 on CUDA needs nccl (use auto)")
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cfg.world_size > cores:
+        raise ValueError(f"trainer.parallel.world_size={cfg.world_size}: this machine has {cores} CPU core(s) for "
+                         "the trainer; on a CPU each rank is a process that needs a core")
+    if cfg.backend == "nccl":
+        raise ValueError("trainer.parallel.backend nccl needs CUDA; on a CPU the ranks use gloo (auto)")
+    if cfg.cpu_offload:
+        raise ValueError("trainer.parallel.cpu_offload: the model is on the CPU already")
+
+
+def check_config(cfg: Any) -> None:
+    """`check_world_size` for a whole TidalConfig, as a ConfigError (for callers past load)."""
+    try:
+        check_world_size(cfg.trainer.parallel, cfg.model.device)
+    except ValueError as error:
+        raise ConfigError([str(error)], source="trainer.parallel") from None
+
+
+class Workers:
+    """Ranks 1..N-1 as child processes; `close` stops them (after rank 0 said goodbye, or not)."""
+
+    def __init__(self, processes: list[subprocess.Popen], spec_dir: tempfile.TemporaryDirectory) -> None:
+        self.processes = processes
+        self._spec_dir = spec_dir
+
+    def check(self) -> None:
+        """Raise RankError if a worker has exited."""
+        for rank, process in enumerate(self.processes, start=1):
+            code = process.poll()
+            if code is not None:
+                how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"status {code}"
+                raise RankError(f"trainer rank {rank} (pid {process.pid}) exited with {how}")
+
+    def close(self, grace_s: float = 30.0) -> None:
+        deadline = time.monotonic() + grace_s
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._spec_dir.cleanup()
+
+
+def start_ranks(cfg: ParallelConfig, spec: dict[str, Any], device: torch.device, threads: int) -> Workers:
+    """Open the store, start ranks 1..N-1 with `spec` (their trainer's config and state), join
+    rank 0 to the group and return the workers. `threads`: torch threads of each worker."""
+    world = cfg.world_size
+    store = dist.TCPStore("127.0.0.1", cfg.port, world, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    spec_dir = tempfile.TemporaryDirectory(prefix="tidal-ranks-")
+    spec_path = Path(spec_dir.name) / "spec.pkl"
+    spec_path.write_bytes(pickle.dumps(spec))
+    processes = []
+    for rank in range(1, world):
+        env = {**os.environ, "TIDAL_RANK": str(rank), "TIDAL_WORLD_SIZE": str(world),
+               "TIDAL_STORE_PORT": str(store.port), "OMP_NUM_THREADS": str(threads)}
+        command = [sys.executable, "-m", "tidal.trainer.parallel.worker", str(spec_path)]
+        processes.append(subprocess.Popen(command, env=env))
+    workers = Workers(processes, spec_dir)
+    try:
+        _wait_for_joins(store, workers, cfg.timeout_s)
+        backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend, store=store, rank=0, world_size=world,
+                                timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    except BaseException:
+        for process in processes:
+            process.kill()
+        workers.close()
+        raise
+    logger.info("trainer: %d ranks (%s, %s), workers %s", world, cfg.strategy, backend, [p.pid for p in processes])
+    return workers
+
+
+def _wait_for_joins(store: dist.TCPStore, workers: Workers, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = set(range(1, len(workers.processes) + 1))
+    while waiting:
+        workers.check()
+        waiting = {rank for rank in waiting if not store.check([JOIN_KEY.format(rank=rank)])}
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise RankError(f"trainer ranks {sorted(waiting)} did not join within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def join_as_worker(cfg: ParallelConfig, device: torch.device) -> tuple[int, int]:
+    """In a worker: join the group rank 0 opened (its rank, world size and store port come in the
+    environment). Returns (rank, world size)."""
+    rank, world = int(os.environ["TIDAL_RANK"]), int(os.environ["TIDAL_WORLD_SIZE"])
+    store = dist.TCPStore("127.0.0.1", int(os.environ["TIDAL_STORE_PORT"]), world, is_master=False,
+                          timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    store.set(JOIN_KEY.format(rank=rank), "1")
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    return rank, world
+
+
+def die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the process that started it dies (prctl PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        return
+    if os.getppid() == 1:  # the parent died before the prctl
+        os._exit(1)
