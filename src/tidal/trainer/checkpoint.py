@@ -4,6 +4,7 @@ A checkpoint is a folder under a root (e.g. `run/checkpoints/step_000010`):
 
     model/            the policy as a Hugging Face checkpoint (safetensors), plus the tokenizer
     optimizer.pt      optimizer state        scheduler.pt  LR scheduler state
+                      (or optimizer/: the state in shards, written by FSDP2 ranks through DCP)
     rng.pt            python, numpy, torch CPU and CUDA generator states
     state.json        {"step": ..., "extra": ...} (extra: the caller's JSON, e.g. a data cursor)
     complete.json     the completion marker, written last: step and the size of every file
@@ -20,6 +21,7 @@ import os
 import random
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +111,14 @@ def save_training_state(
     step: int,
     extra: dict[str, Any] | None = None,
     save_tokenizer: Any | None = None,
+    write_optimizer: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write a checkpoint into `folder` atomically and point `folder.parent/latest` at it.
 
     `model` must have `save_pretrained` (a Hugging Face model); `save_tokenizer`, when given, is
     saved next to the weights so `folder/model` loads on its own. `extra` must be JSON-able.
+    `write_optimizer(temp_folder)`, when given, writes the optimizer state instead of
+    `optimizer.pt` (ranked trainers: a sharded folder, trainer/parallel/state.py).
     An existing `folder` is replaced. Returns the folder.
     """
     folder = Path(folder)
@@ -130,7 +135,9 @@ def save_training_state(
         model.save_pretrained(temp / MODEL_DIR)  # type: ignore[operator]
         if save_tokenizer is not None:
             save_tokenizer.save_pretrained(temp / MODEL_DIR)
-        if optimizer is not None:
+        if write_optimizer is not None:
+            write_optimizer(temp)
+        elif optimizer is not None:
             torch.save(optimizer.state_dict(), temp / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), temp / "scheduler.pt")
@@ -247,9 +254,8 @@ def _load_file(path: Path) -> Any:
         raise CheckpointError(f"{path}: cannot be read ({exc}); the checkpoint is corrupt") from exc
 
 
-def _load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
-    """Copy the safetensors weights in `model_dir` into `model`, in place (the optimizer keeps
-    pointing at the same parameters)."""
+def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The safetensors weights of a Hugging Face folder (one file or an index of shards)."""
     from safetensors.torch import load_file
 
     index = model_dir / "model.safetensors.index.json"
@@ -269,7 +275,13 @@ def _load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
             state.update(load_file(str(path)))
         except Exception as exc:
             raise CheckpointError(f"{path}: cannot be read ({exc}); the checkpoint is corrupt") from exc
+    return state
 
+
+def _load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
+    """Copy the safetensors weights in `model_dir` into `model`, in place (the optimizer keeps
+    pointing at the same parameters)."""
+    state = read_weights(model_dir)
     own = model.state_dict()
     loaded_storage = {own[key].data_ptr() for key in state if key in own}
     # Tied weights (lm_head = embeddings) are saved once; the other name shares its storage.
@@ -297,10 +309,13 @@ def load_training_state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     scheduler: Any | None,
+    read_weights_into: Callable[[Path], None] | None = None,
 ) -> tuple[int, dict[str, Any]]:
     """Restore a checkpoint into `model`, `optimizer` and `scheduler` (either may be None) and
     the RNG states. Returns (step, extra). A missing or corrupt file raises CheckpointError
-    naming it."""
+    naming it. `read_weights_into(model_dir)`, when given, loads the weights instead (ranked
+    trainers); the optimizer state is `optimizer.pt` or a sharded folder, loaded into any layout
+    (trainer/parallel/state.py `load_optimizer`)."""
     folder = Path(folder)
     marker = _read_marker(folder)
     for name, size in marker["files"].items():
@@ -318,12 +333,14 @@ def load_training_state(
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{state_path}: unreadable ({exc}); the checkpoint is corrupt") from exc
 
-    _load_model_weights(folder / MODEL_DIR, model)
+    if read_weights_into is not None:
+        read_weights_into(folder / MODEL_DIR)
+    else:
+        _load_model_weights(folder / MODEL_DIR, model)
     if optimizer is not None:
-        try:
-            optimizer.load_state_dict(_load_file(folder / "optimizer.pt"))
-        except (ValueError, KeyError, RuntimeError) as exc:
-            raise CheckpointError(f"{folder / 'optimizer.pt'}: does not fit this optimizer ({exc})") from exc
+        from tidal.trainer.parallel.state import load_optimizer
+
+        load_optimizer(model, optimizer, folder)
     if scheduler is not None:
         scheduler.load_state_dict(_load_file(folder / "scheduler.pt"))
     rng = _load_file(folder / "rng.pt")

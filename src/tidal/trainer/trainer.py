@@ -585,20 +585,23 @@ class Trainer:
 
     # ---------------------------------------------------------------- checkpoints
 
-    def save(self, folder: str | Path, step: int, extra: dict[str, Any] | None = None, tokenizer: Any = None) -> Path:
+    def save(self, folder: str | Path, step: int, extra: dict[str, Any] | None = None, tokenizer: Any = None,
+             weights: torch.nn.Module | None = None, write_optimizer: Callable[[Path], None] | None = None) -> Path:
         """Save model, optimizer, schedule and RNG states atomically (see `save_training_state`),
         the KL coefficient (in `extra`, under TRAINER_STATE) and, for gae, the value model and its
-        optimizer (CRITIC_FILE, inside the same atomic folder)."""
+        optimizer (CRITIC_FILE, inside the same atomic folder). Ranked trainers pass the full
+        `weights` to save and their `write_optimizer` (trainer/parallel/)."""
         extra = dict(extra or {})
         if TRAINER_STATE in extra:
             raise ValueError(f"checkpoint extra key {TRAINER_STATE!r} is the trainer's own; use another name")
         extra[TRAINER_STATE] = self.kl.state_dict()
-        model: Any = self.model if self.critic is None else PolicyWithCritic(self.model, self.critic)
-        return save_training_state(folder, model, self.optimizer, self.scheduler, step, extra, save_tokenizer=tokenizer)
+        model: Any = weights or (self.model if self.critic is None else PolicyWithCritic(self.model, self.critic))
+        return save_training_state(folder, model, self.optimizer, self.scheduler, step, extra, save_tokenizer=tokenizer,
+                                   write_optimizer=write_optimizer)
 
-    def load(self, folder: str | Path) -> tuple[int, dict[str, Any]]:
+    def load(self, folder: str | Path, read_weights_into: Callable[[Path], None] | None = None) -> tuple[int, dict[str, Any]]:
         """Restore a checkpoint saved by `save`; returns (step, extra) with extra as it was given."""
-        step, extra = load_training_state(folder, self.model, self.optimizer, self.scheduler)
+        step, extra = load_training_state(folder, self.model, self.optimizer, self.scheduler, read_weights_into)
         state = extra.pop(TRAINER_STATE, None)
         if state is not None:  # checkpoints written before the KL coefficient was saved lack it
             self.kl.load_state_dict(state)

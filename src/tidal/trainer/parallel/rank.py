@@ -59,8 +59,11 @@ class RankContext:
         the model as the root (in place: its parameters become shards). Returns the module to call."""
         if self.cfg.strategy == "ddp":
             ids = [self.device.index] if self.device.type == "cuda" else None
+            # Buffers never change in training (rotary tables); rank 0's reached every rank with its weights.
+            sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _ddp_parameters()
+                    else {"broadcast_buffers": False})
             self.module = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=ids, broadcast_buffers=False, find_unused_parameters=False
+                model, device_ids=ids, find_unused_parameters=False, **sync
             )
         elif self.cfg.strategy == "fsdp2":
             self.module = _fully_shard(model, self.cfg, self.device, self.world_size)
@@ -76,7 +79,7 @@ class RankContext:
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`fn(model, *args, **kwargs)` run as the training module's forward (module docstring)."""
         inner = self.inner()
-        with _forward_as(inner, lambda *a, **k: fn(inner, *a, **k)):
+        with _forward_as(inner, lambda *a, **k: _owned(fn(inner, *a, **k))):
             assert self.module is not None
             return self.module(*args, **kwargs)
 
@@ -184,6 +187,22 @@ def _forward_as(module: torch.nn.Module, forward: Callable[..., Any]) -> Iterato
             del module.forward
 
 
+def _ddp_parameters() -> set[str]:
+    import inspect
+
+    return set(inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters)
+
+
+def _owned(result: Any) -> Any:
+    """Tensors of a forward's result that are views, copied: FSDP2 hooks its backward onto the
+    outputs, and an in-place op on a view would drop that hook."""
+    if isinstance(result, Tensor):
+        return result.clone() if result._is_view() else result
+    if isinstance(result, tuple):
+        return tuple(_owned(item) for item in result)
+    return result
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of a Hugging Face causal LM (the units FSDP2 shards one by one)."""
     for path in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
@@ -217,3 +236,13 @@ def _fully_shard(model: torch.nn.Module, cfg: ParallelConfig, device: torch.devi
 def rank_device(base: torch.device, rank: int) -> torch.device:
     """Rank `rank`'s device: cuda:<rank> on CUDA, else the CPU."""
     return torch.device("cuda", rank) if base.type == "cuda" else torch.device("cpu")
+
+
+def broadcast_weights(model: torch.nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank (before wrapping; tied ones once)."""
+    seen: set[int] = set()
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                dist.broadcast(tensor.data, src=0)
