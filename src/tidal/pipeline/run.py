@@ -47,6 +47,7 @@ from tidal.tasks.mixer import TaskMixer
 from tidal.telemetry.progress import ProgressDisplay, rl_status
 from tidal.trainer.checkpoint import latest_checkpoint
 from tidal.trainer.merge import Merge
+from tidal.trainer.parallel.trainer import ParallelTrainer
 from tidal.trainer.trainer import Trainer
 from tidal.types import Task
 
@@ -70,6 +71,20 @@ def build_tasks(cfg: TidalConfig) -> tuple[dict[str, list[Task]], list[Task]]:
         train[name] = [t for t in tasks if t.split == "train" and t.id not in quarantined]
         evaluation += [t for t in tasks if t.split == "eval"]
     return train, evaluation
+
+
+def build_trainer(
+    cfg: TidalConfig, model: torch.nn.Module, device: torch.device, reference: torch.nn.Module | None
+) -> Trainer | ParallelTrainer:
+    """The RL trainer: one process, or `trainer.parallel.world_size` ranks that this process
+    starts and leads as rank 0 (trainer/parallel/)."""
+    options: dict[str, Any] = {
+        "total_steps": cfg.trainer.steps, "temperature": max(cfg.rollout.temperature, 1e-3),
+        "ref_model": reference, "max_tokens": cfg.rollout.max_new_tokens,
+    }
+    if cfg.trainer.parallel.strategy == "none":
+        return Trainer(model, cfg.trainer, cfg.algorithm, device, **options)
+    return ParallelTrainer(model, cfg.trainer, cfg.algorithm, device, model_cfg=cfg.model, **options)
 
 
 def with_domain_prompt(
@@ -185,13 +200,13 @@ class Job:
                     return self._evaluate(tag, engine, scorer, eval_tasks, force=force)
 
             before = self._evaluate("before", engine, scorer, eval_tasks)
-            trainer = Trainer(
-                model, cfg.trainer, cfg.algorithm, device, total_steps=cfg.trainer.steps,
-                temperature=max(cfg.rollout.temperature, 1e-3), ref_model=reference,
-                max_tokens=cfg.rollout.max_new_tokens,
-            )
-            parts = build_parts(cfg, run, engine, trainer, scorer, train_by_domain, warm_tasks)
-            rl_seconds = self._rl(parts, evaluate, before)
+            trainer = build_trainer(cfg, model, device, reference)
+            try:
+                parts = build_parts(cfg, run, engine, trainer, scorer, train_by_domain, warm_tasks)
+                rl_seconds = self._rl(parts, evaluate, before)
+            finally:
+                if isinstance(trainer, ParallelTrainer):
+                    trainer.close()
             after = evaluate("after")
             with merge.view(model) if merge is not None else contextlib.nullcontext():
                 policy = self._export_policy(model, tokenizer, merge)

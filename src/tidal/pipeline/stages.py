@@ -27,6 +27,7 @@ from tidal.rollout.protocol import RolloutEngine
 from tidal.storage.run import RunFolder
 from tidal.storage.store import TrajectoryStore
 from tidal.tasks.mixer import TaskMixer
+from tidal.trainer.parallel.trainer import ParallelTrainer
 from tidal.trainer.trainer import Trainer
 from tidal.types import Episode, Group, Outcome, Task, flatten
 
@@ -39,7 +40,7 @@ class LoopParts:
     config: TidalConfig
     run: RunFolder
     engine: RolloutEngine  # the trainer-shared engine: held-out evaluation, and sampling in-thread
-    trainer: Trainer
+    trainer: Trainer | ParallelTrainer  # one process, or rank 0 of the trainer ranks
     scorer: ScoringWorker
     mixer: TaskMixer
     domains: DomainRuntime  # per-domain composition, normalisation, curriculum, replay

@@ -1,0 +1,100 @@
+"""`tidal train` with trainer ranks, as a user runs it: the command of the issue works as written,
+and a rank killed with SIGKILL mid-run fails the run, which resumes from its folder with nothing
+lost or trained twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from tidal.storage.run import RunFolder
+from tidal.storage.store import open_run_store
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = str(ROOT / "configs" / "smoke.yaml")
+# Keep every sample, so every step trains (the smoke model's groups are mostly flat).
+KEEP_ALL = ["gate.drop_zero_variance=false", "gate.drop_truncated=false", "gate.drop_empty=false",
+            "gate.max_repetition=1.0"]
+TIDAL = [sys.executable, "-m", "tidal.cli"]
+
+
+def _run_folder(parent: Path) -> Path:
+    runs = [p for p in (parent / "runs").iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def _rl_rows(run: Path) -> list[dict]:
+    return [m for m in RunFolder.open(run).read_metrics() if m.get("phase") == "rl"]
+
+
+def test_the_command_as_written_trains_on_two_fsdp2_ranks(tmp_path: Path) -> None:
+    command = [*TIDAL, "train", SMOKE, "trainer.parallel.strategy=fsdp2", "trainer.parallel.world_size=2", *KEEP_ALL]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = _run_folder(tmp_path)
+    rows = _rl_rows(run)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["trained_samples"] > 0 and r["ranks_s"] > 0 for r in rows)
+    checkpoint = run / "checkpoints" / "rl" / "step-000002"
+    assert (checkpoint / "optimizer" / ".metadata").is_file()  # the sharded optimizer, DCP
+    assert (checkpoint / "model" / "model.safetensors").is_file()  # the consolidated weights
+    assert json.loads((run / "summary.json").read_text())["overall"]["n"] > 0
+
+
+def _workers_of(pid: int) -> list[int]:
+    """Child processes of `pid` that are trainer ranks."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid and "tidal.trainer.parallel.worker" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_rank_killed_mid_run_fails_the_run_and_it_resumes_with_nothing_trained_twice(tmp_path: Path) -> None:
+    steps = 6
+    command = [*TIDAL, "train", SMOKE, "trainer.parallel.strategy=ddp", "trainer.parallel.world_size=2",
+               f"trainer.steps={steps}", "trainer.checkpoint_every=1", *KEEP_ALL]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            runs = tmp_path / "runs"
+            if runs.is_dir() and any(runs.iterdir()) and len(_rl_rows(_run_folder(tmp_path))) >= 2:
+                break
+            time.sleep(0.2)
+        workers = _workers_of(process.pid)
+        assert process.poll() is None and workers, "the run ended before a rank could be killed"
+        os.kill(workers[0], signal.SIGKILL)
+        _, stderr = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode != 0
+    assert "trainer rank 1" in stderr and "signal 9" in stderr, stderr[-3000:]
+    run = _run_folder(tmp_path)
+    assert len(_rl_rows(run)) < steps
+
+    resumed = subprocess.run([*TIDAL, "train", str(run)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = _rl_rows(run)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))  # nothing lost, no step twice
+    trained = open_run_store(RunFolder.open(run)).trained()  # trajectory id -> the update that trained it
+    per_update = Counter(trained.values())
+    assert sorted(per_update) == list(range(steps))
+    assert [per_update[step] for step in range(steps)] == [r["trained_samples"] for r in rows]
+    assert not _workers_of(process.pid)
