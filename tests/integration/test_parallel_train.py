@@ -98,3 +98,35 @@ def test_a_rank_killed_mid_run_fails_the_run_and_it_resumes_with_nothing_trained
     assert sorted(per_update) == list(range(steps))
     assert [per_update[step] for step in range(steps)] == [r["trained_samples"] for r in rows]
     assert not _workers_of(process.pid)
+
+
+def test_ddp_and_fsdp2_runs_of_the_smoke_config_match_one_process(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from tidal.pipeline import quickstart as qs
+
+    steps = 3
+    # The entropy bonus and KL give every step a gradient (the smoke model's rewards are flat).
+    overrides = [f"trainer.steps={steps}", "algorithm.entropy_coef=0.05", "algorithm.kl_coef=0.05", *KEEP_ALL]
+    runs = {}
+    for strategy in ("none", "ddp", "fsdp2"):
+        world = [] if strategy == "none" else [f"trainer.parallel.strategy={strategy}", "trainer.parallel.world_size=2"]
+        qs.run_quickstart(qs.find_config("smoke"), [*overrides, *world], tmp_path, strategy)
+        runs[strategy] = RunFolder.open(tmp_path / strategy)
+    rows = {name: _rl_rows(run.path) for name, run in runs.items()}
+    start = load_file(str(runs["none"].checkpoints_dir / "warm-start" / "model.safetensors"))
+    final = {name: load_file(str(run.checkpoints_dir / "rl" / f"step-{steps:06d}" / "model" / "model.safetensors"))
+             for name, run in runs.items()}
+    moved = torch.cat([(final["none"][k] - start[k]).flatten() for k in sorted(start)])
+    assert all(r["grad_norm"] > 0 for r in rows["none"]) and moved.norm() > 0
+    for name in ("ddp", "fsdp2"):
+        assert [r["trained_samples"] for r in rows[name]] == [r["trained_samples"] for r in rows["none"]]
+        for want, have in zip(rows["none"], rows[name]):
+            for key in ("loss", "grad_norm", "entropy", "kl"):
+                assert abs(have[key] - want[key]) <= 1e-4 * max(abs(want[key]), 1e-3), (name, want["step"], key)
+        assert final[name].keys() == final["none"].keys()
+        # The update each made from the same start: equal up to float summation order (AdamW's
+        # early steps are near lr * sign(grad), so compare the whole update, not single weights).
+        delta = torch.cat([(final[name][k] - start[k]).flatten() for k in sorted(start)])
+        assert (delta - moved).norm() <= 1e-3 * moved.norm(), name

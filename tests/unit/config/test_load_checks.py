@@ -63,3 +63,21 @@ def test_task_files_beside_the_config_are_found_from_anywhere(tmp_path: Path, mo
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "mine.jsonl").write_text("")
     assert load_config(config).tasks.domains["mine"].sources[0] == "data/mine.jsonl"  # the working directory wins
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.parallel.strategy=zero3"], "trainer.parallel.strategy"),
+        (["trainer.parallel.world_size=2"], "world_size=2 needs a strategy (ddp or fsdp2)"),
+        (["trainer.parallel.strategy=ddp", "trainer.parallel.world_size=0"], "trainer.parallel.world_size"),
+        (["trainer.parallel.strategy=fsdp2", "trainer.parallel.world_size=512"],
+         "world_size=512: this machine has"),
+        (["trainer.parallel.strategy=ddp", "trainer.parallel.param_dtype=bf16"], "only apply to strategy fsdp2"),
+        (["trainer.parallel.strategy=ddp", "algorithm.advantage=gae"], "trains a value model, which runs in one"),
+    ],
+)
+def test_impossible_trainer_ranks_fail_at_load(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(SMOKE, overrides)
+    assert message in str(caught.value)
