@@ -4,7 +4,8 @@ itself; ranks 1..N-1 receive it in `serve` and run the same.
 
 Commands: `rl_step` and `sft_step` (and, under FSDP2, gathering the updated weights into rank 0's
 full copy of the model, which rollout, evaluation and export read), `save` (FSDP2: every rank
-writes its optimizer shards), `load` (every rank loads the checkpoint into its own layout), `close`.
+writes its optimizer shards), `load` (every rank loads the checkpoint into its own layout), `gather` (FSDP2: the full weights
+into rank 0's model again), `close`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def run_command(trainer: Trainer, name: str, args: dict[str, Any], full_model: t
     elif name == "save_optimizer":
         save_sharded_optimizer(trainer.model, trainer.optimizer, Path(args["folder"]))
         return None
+    elif name == "gather":
+        result = None
     elif name == "load":
         result = trainer.load(args["folder"], read_weights_into=_weights_reader(trainer) if sharded else None)
     else:

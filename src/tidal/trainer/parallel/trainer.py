@@ -125,6 +125,11 @@ class ParallelTrainer:
     def load(self, folder: str | Path) -> tuple[int, dict[str, Any]]:
         return self._command("load", folder=str(folder))
 
+    def gather(self) -> None:
+        """FSDP2: gather the shards into rank 0's model (every update ends with this; a no-op otherwise)."""
+        if self.local.rank is not None and self.local.rank.sharded:
+            self._command("gather")
+
     # ---------------------------------------------------------------- ranks
 
     def _command(self, name: str, **args: Any) -> Any:
