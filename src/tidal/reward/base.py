@@ -85,6 +85,7 @@ class VerifierEntry:
     function: Verifier
     aliases: tuple[str, ...] = ()
     batch: BatchVerifier | None = None
+    sandbox: bool = False  # it runs the answer (or a tool on it) in a sandbox of the task's image
 
     @property
     def description(self) -> str:
@@ -96,16 +97,17 @@ _VERIFIERS: dict[str, VerifierEntry] = {}
 
 
 def verifier(
-    name: str, *, aliases: tuple[str, ...] = (), batch: BatchVerifier | None = None
+    name: str, *, aliases: tuple[str, ...] = (), batch: BatchVerifier | None = None, sandbox: bool = False
 ) -> Callable[[Verifier], Verifier]:
     """Register `fn(task, answer, ctx) -> Score` as the verifier `name` (and its `aliases`).
+    `sandbox`: it needs a sandbox of the task's image (a scoring node must have bubblewrap and the image).
 
     `batch(task, answers, ctx) -> scores`, when given, scores several answers to one task in one
     go (one sandbox instead of one each); `Scorer.score_many` uses it for groups of answers.
     """
 
     def decorate(function: Verifier) -> Verifier:
-        entry = VerifierEntry(name, function, tuple(aliases), batch)
+        entry = VerifierEntry(name, function, tuple(aliases), batch, sandbox)
         for key in (name, *aliases):
             existing = _VERIFIERS.get(key)
             if existing is not None and existing.function is not function:

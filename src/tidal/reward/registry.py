@@ -40,6 +40,7 @@ __all__ = [
     "get_batch_verifier",
     "get_verifier",
     "known_verifiers",
+    "needs_sandbox",
     "task_problem",
     "verifier",
     "verifier_entries",
@@ -60,6 +61,13 @@ def get_batch_verifier(name: str) -> BatchVerifier | None:
     _load_builtins()
     entry = base._VERIFIERS.get(name)
     return entry.batch if entry is not None else None
+
+
+def needs_sandbox(name: str) -> bool:
+    """Whether verifier `name` runs in a sandbox of the task's image (registered with sandbox=True)."""
+    _load_builtins()
+    entry = base._VERIFIERS.get(name)
+    return entry is not None and entry.sandbox
 
 
 def known_verifiers() -> set[str]:

@@ -369,21 +369,33 @@ def find_image(name: str, root: str | Path | None = None) -> Image:
     if name == DEFAULT_IMAGE:
         return build_image(default_spec(), root)
     base = images_root(root)
-    try:
-        pointer = json.loads((base / f"{name}.json").read_text())
-        spec_raw = pointer["spec"]
-        spec = ImageSpec(name, spec_raw["python"], tuple(spec_raw["packages"]), tuple(sorted(spec_raw["env"].items())))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise SandboxUnavailableError(
-            f"image {name!r} is not built in {base}; build it with `tidal image build SPEC.yaml` "
-            f"(images there: {', '.join(sorted(p.stem for p in base.glob('*.json'))) or 'none'})"
-        ) from error
-    image = _load(base / pointer["folder"], spec)
+    spec, folder = _pointer(name, base)
+    image = _load(base / folder, spec)
     if image is None:
         raise SandboxUnavailableError(
             f"image {name!r} at {base / pointer['folder']} is missing or was built for another interpreter; rebuild it"
         )
     return image
+
+
+def _pointer(name: str, base: Path) -> tuple[ImageSpec, str]:
+    """The spec and folder of image `name` as built under `base` (SandboxUnavailableError if never built)."""
+    try:
+        pointer = json.loads((base / f"{name}.json").read_text())
+        spec_raw = pointer["spec"]
+        spec = ImageSpec(name, spec_raw["python"], tuple(spec_raw["packages"]), tuple(sorted(spec_raw["env"].items())))
+        return spec, str(pointer["folder"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise SandboxUnavailableError(
+            f"image {name!r} is not built in {base}; build it with `tidal image build SPEC.yaml` "
+            f"(images there: {', '.join(sorted(p.stem for p in base.glob('*.json'))) or 'none'})"
+        ) from error
+
+
+def image_spec(name: str, root: str | Path | None = None) -> ImageSpec:
+    """The spec of image `name` (the default's, or the one it was built from here): what another
+    machine needs to build the same image."""
+    return default_spec() if name == DEFAULT_IMAGE else _pointer(name, images_root(root))[0]
 
 
 def verify_image(image: Image) -> bool:

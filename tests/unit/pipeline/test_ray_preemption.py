@@ -26,8 +26,9 @@ def test_a_ray_rollout_actor_is_preempted_mid_batch_and_then_generates_the_same_
                                                   "rollout.max_new_tokens=256", "rollout.group_size=8"])
     loaded = load_model(cfg.model)
     engine = EmbeddedEngine(loaded.model, loaded.tokenizer)
-    parts = SimpleNamespace(config=cfg, engine=engine, run=SimpleNamespace(name="ray-preempt"))
     train, _ = pipeline_run.build_tasks(cfg)
+    parts = SimpleNamespace(config=cfg, engine=engine, run=SimpleNamespace(name="ray-preempt"),
+                            mixer=SimpleNamespace(tasks=train))
     tasks = [task for domain in train.values() for task in domain]
     publication = publish(loaded.model, 0, canary_ids(loaded.tokenizer))
     workers = BACKEND.start(parts)  # type: ignore[arg-type]

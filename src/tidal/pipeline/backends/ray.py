@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from tidal.config.schema import TidalConfig
-from tidal.errors import PreemptedError
+from tidal.errors import PreemptedError, SandboxUnavailableError
 from tidal.pipeline.backends import (
     BackendUnavailableError,
     WorkerLostError,
@@ -41,7 +41,9 @@ from tidal.pipeline.weights import (
     check_canary,
     load_verified,
 )
+from tidal.reward.registry import needs_sandbox
 from tidal.rollout.engine import Cancel, EmbeddedEngine
+from tidal.sandbox.image import ImageSpec, image_spec
 from tidal.types import Group, Score, Task
 
 logger = logging.getLogger(__name__)
@@ -254,6 +256,26 @@ class RayScorers:
         return scores  # type: ignore[return-value]
 
 
+def run_images(parts: LoopParts) -> tuple[list[ImageSpec], bool]:
+    """The specs of the images the run's sandboxed train tasks use (as built on this machine),
+    and whether any task needs a sandbox at all."""
+    images = {t.image for tasks in parts.mixer.tasks.values() for t in tasks if needs_sandbox(t.verifier.name)}
+    try:
+        return [image_spec(name) for name in sorted(images)], bool(images)
+    except SandboxUnavailableError as error:
+        raise BackendUnavailableError(f"the run's tasks need an image this machine has not built: {error}") from error
+
+
+def check_scorer_nodes(reports: list[dict[str, Any]]) -> None:
+    """Raise BackendUnavailableError naming every scorer node that cannot score the run's tasks."""
+    problems = [f"scorer {i} on {r['host']} (pid {r['pid']}): {p}" for i, r in enumerate(reports) for p in r["problems"]]
+    if problems:
+        raise BackendUnavailableError("scoring nodes cannot score this run's tasks: " + "; ".join(problems))
+    for index, report in enumerate(reports):
+        if report["built"]:
+            logger.info("scorer %d on %s built image(s) %s from their specs", index, report["host"], report["built"])
+
+
 class RayBackend:
     """Ray actors (`pipeline.backend: ray`)."""
 
@@ -302,6 +324,14 @@ class RayBackend:
             scorer_class.options(name=f"{tag}/scorer-{i}", namespace=NAMESPACE).remote(cfg.reward)
             for i in range(pipeline.scorer_workers)
         ]
+        try:
+            check_scorer_nodes(ray.get([a.preflight.remote(*run_images(parts)) for a in scorers], timeout=1800))
+        except BaseException:
+            for actor in [*rollouts, *scorers]:
+                ray.kill(actor, no_restart=True)
+            if owns:
+                ray.shutdown()
+            raise
         weights, rollout_restarts = _PutWeights(ray), _Restarts()
         rollout_handles = [
             RayRollout(ray, actor, i, pipeline, policy, weights, rollout_restarts) for i, actor in enumerate(rollouts)

@@ -34,7 +34,7 @@ STATUS_OUTCOMES = {SandboxStatus.TIMEOUT: Outcome.TIMEOUT, SandboxStatus.MEMORY_
                    SandboxStatus.CRASHED: Outcome.CRASHED}
 
 
-@verifier("compile")
+@verifier("compile", sandbox=True)
 def compile_code(task: Task, answer: str, ctx: ScoringContext) -> Score:
     """The answer's code block compiles: Python (py_compile), C (gcc) or C++ (g++), in the sandbox."""
     try:

@@ -129,7 +129,7 @@ def judge(task: Task, run: HarnessRun, cases: list[Case], options: dict[str, Any
     return Score(value, Outcome.PASSED if value >= 1.0 else Outcome.FAILED, components, detail, info)
 
 
-@verifier("efficiency")
+@verifier("efficiency", sandbox=True)
 def efficiency(task: Task, answer: str, ctx: ScoringContext) -> Score:
     """The answer's program is correct and about as cheap in CPU and memory as the task's reference."""
     try:

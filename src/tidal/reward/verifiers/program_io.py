@@ -103,7 +103,7 @@ def judge(task: Task, run: HarnessRun, cases: list[Case], timeout_s: float) -> S
     return Score(value, outcome, {"cases": value}, summary, info)
 
 
-@verifier("program_io")
+@verifier("program_io", sandbox=True)
 def program_io(task: Task, answer: str, ctx: ScoringContext) -> Score:
     """The answer's program (Python, C or C++) maps each case's stdin to its stdout (value = fraction of cases)."""
     try:

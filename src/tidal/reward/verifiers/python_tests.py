@@ -559,7 +559,7 @@ def python_tests_batch(task: Task, answers: list[str], ctx: ScoringContext) -> l
     return [score if score is not None else python_tests(task, answer, ctx) for score, answer in zip(scores, answers)]
 
 
-@verifier("python_tests", batch=python_tests_batch)
+@verifier("python_tests", batch=python_tests_batch, sandbox=True)
 def python_tests(task: Task, answer: str, ctx: ScoringContext) -> Score:
     """The answer's last code block passes the task's pytest tests (value = fraction passed)."""
     prepared = prepare(task, answer)

@@ -61,7 +61,7 @@ def rules_arg(task: Task, name: str, default: list[str]) -> list[str]:
     return rules
 
 
-@verifier("static")
+@verifier("static", sandbox=True)
 def static(task: Task, answer: str, ctx: ScoringContext) -> Score:
     """Style score of the answer's Python code from ruff (1 - penalty per diagnostic); the code is never run."""
     try:
