@@ -84,7 +84,9 @@ def build_trainer(
     }
     if cfg.trainer.parallel.strategy == "none":
         return Trainer(model, cfg.trainer, cfg.algorithm, device, **options)
-    return ParallelTrainer(model, cfg.trainer, cfg.algorithm, device, model_cfg=cfg.model, **options)
+    on_ray = cfg.pipeline.mode == "async" and cfg.pipeline.backend == "ray"
+    return ParallelTrainer(model, cfg.trainer, cfg.algorithm, device, model_cfg=cfg.model, on_ray=on_ray,
+                           ray_address=cfg.pipeline.ray_address, **options)
 
 
 def with_domain_prompt(

@@ -82,6 +82,9 @@ class Workers:
                 how = f"signal {-code} ({signal.Signals(-code).name})" if code < 0 else f"status {code}"
                 raise RankError(f"trainer rank {rank} (pid {process.pid}) exited with {how}")
 
+    def __repr__(self) -> str:
+        return f"processes {[p.pid for p in self.processes]}"
+
     def close(self, grace_s: float = 30.0) -> None:
         deadline = time.monotonic() + grace_s
         for process in self.processes:
@@ -93,39 +96,50 @@ class Workers:
         self._spec_dir.cleanup()
 
 
-def start_ranks(cfg: ParallelConfig, spec: dict[str, Any], device: torch.device, threads: int) -> Workers:
+def start_ranks(cfg: ParallelConfig, spec: dict[str, Any], device: torch.device, threads: int,
+                ray_address: str | None = None, on_ray: bool = False) -> Any:
     """Open the store, start ranks 1..N-1 with `spec` (their trainer's config and state), join
-    rank 0 to the group and return the workers. `threads`: torch threads of each worker."""
+    rank 0 to the group and return the workers (`check`, `close`). `threads`: torch threads of
+    each worker. `on_ray`: the ranks are Ray actors in a placement group (ray_ranks.py) on the
+    cluster at `ray_address` (None: a Ray of this process), else processes on this machine."""
     world = cfg.world_size
-    store = dist.TCPStore("127.0.0.1", cfg.port, world, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    store = dist.TCPStore("0.0.0.0" if on_ray else "127.0.0.1", cfg.port, world, is_master=True,
+                          wait_for_workers=False, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    workers: Any
+    if on_ray:
+        from tidal.trainer.parallel.ray_ranks import start_ray_ranks
+
+        workers = start_ray_ranks(cfg, spec, device, threads, store.port, ray_address)
+    else:
+        workers = _start_processes(spec, world, store.port, threads)
+    try:
+        _wait_for_joins(store, workers, world, cfg.timeout_s)
+        backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend, store=store, rank=0, world_size=world,
+                                timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    except BaseException:
+        workers.close(grace_s=0)
+        raise
+    logger.info("trainer: %d ranks (%s, %s), workers %s", world, cfg.strategy, backend, workers)
+    return workers
+
+
+def _start_processes(spec: dict[str, Any], world: int, port: int, threads: int) -> Workers:
     spec_dir = tempfile.TemporaryDirectory(prefix="tidal-ranks-")
     spec_path = Path(spec_dir.name) / "spec.pkl"
     spec_path.write_bytes(pickle.dumps(spec))
     processes = []
     for rank in range(1, world):
         env = {**os.environ, "TIDAL_RANK": str(rank), "TIDAL_WORLD_SIZE": str(world),
-               "TIDAL_STORE_PORT": str(store.port), "OMP_NUM_THREADS": str(threads)}
+               "TIDAL_STORE_PORT": str(port), "OMP_NUM_THREADS": str(threads)}
         command = [sys.executable, "-m", "tidal.trainer.parallel.worker", str(spec_path)]
         processes.append(subprocess.Popen(command, env=env))
-    workers = Workers(processes, spec_dir)
-    try:
-        _wait_for_joins(store, workers, cfg.timeout_s)
-        backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-        dist.init_process_group(backend, store=store, rank=0, world_size=world,
-                                timeout=datetime.timedelta(seconds=cfg.timeout_s))
-    except BaseException:
-        for process in processes:
-            process.kill()
-        workers.close()
-        raise
-    logger.info("trainer: %d ranks (%s, %s), workers %s", world, cfg.strategy, backend, [p.pid for p in processes])
-    return workers
+    return Workers(processes, spec_dir)
 
 
-def _wait_for_joins(store: dist.TCPStore, workers: Workers, timeout_s: float) -> None:
+def _wait_for_joins(store: dist.TCPStore, workers: Any, world: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    waiting = set(range(1, len(workers.processes) + 1))
+    waiting = set(range(1, world))
     while waiting:
         workers.check()
         waiting = {rank for rank in waiting if not store.check([JOIN_KEY.format(rank=rank)])}
@@ -136,17 +150,13 @@ def _wait_for_joins(store: dist.TCPStore, workers: Workers, timeout_s: float) ->
         time.sleep(0.05)
 
 
-def join_as_worker(cfg: ParallelConfig, device: torch.device) -> tuple[int, int]:
-    """In a worker: join the group rank 0 opened (its rank, world size and store port come in the
-    environment). Returns (rank, world size)."""
-    rank, world = int(os.environ["TIDAL_RANK"]), int(os.environ["TIDAL_WORLD_SIZE"])
-    store = dist.TCPStore("127.0.0.1", int(os.environ["TIDAL_STORE_PORT"]), world, is_master=False,
-                          timeout=datetime.timedelta(seconds=cfg.timeout_s))
+def join_as_worker(cfg: ParallelConfig, device: torch.device, rank: int, world: int, host: str, port: int) -> None:
+    """In a worker: join the group rank 0 opened (its store at host:port)."""
+    store = dist.TCPStore(host, port, world, is_master=False, timeout=datetime.timedelta(seconds=cfg.timeout_s))
     store.set(JOIN_KEY.format(rank=rank), "1")
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=cfg.timeout_s))
-    return rank, world
 
 
 def die_with_parent() -> None:

@@ -1,7 +1,8 @@
 """`ParallelTrainer`: the trainer as N ranks, behind the interface of one `Trainer` (what the loop
 calls: rl_step, sft_step, save, load, model, device, updates, setup).
 
-It lives in the process that runs the loop, as rank 0: it starts ranks 1..N-1 (launch.py), gives
+It lives in the process that runs the loop, as rank 0: it starts ranks 1..N-1 (launch.py: processes
+on this machine, or Ray actors in a placement group when the run is on Ray, ray_ranks.py), gives
 them its weights, and for each call broadcasts the command and runs its own share
 (commands.py). Under DDP every rank's model is whole, and rank 0's is the model rollout and
 evaluation use. Under FSDP2 the ranks train shards of a copy, and after every update the full
@@ -28,7 +29,7 @@ from torch import Tensor
 
 from tidal.config.schema import AlgorithmConfig, ModelConfig, TrainerConfig
 from tidal.trainer.parallel.commands import CLOSE, run_command
-from tidal.trainer.parallel.launch import Workers, start_ranks
+from tidal.trainer.parallel.launch import start_ranks
 from tidal.trainer.parallel.rank import RankContext, broadcast_weights, rank_device
 from tidal.trainer.precision import choose_precision
 from tidal.trainer.trainer import ReplayBatch, Trainer
@@ -51,6 +52,8 @@ class ParallelTrainer:
         temperature: float = 1.0,
         ref_model: torch.nn.Module | None = None,
         max_tokens: int | None = None,
+        on_ray: bool = False,
+        ray_address: str | None = None,
     ) -> None:
         parallel = trainer_cfg.parallel
         self.device = rank_device(torch.device(device), 0)
@@ -67,7 +70,7 @@ class ParallelTrainer:
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."), "threads": self.rank_threads,
             "log_level": logging.getLogger("tidal").getEffectiveLevel(),
         }
-        self.workers: Workers | None = start_ranks(parallel, spec, self.device, self.rank_threads)
+        self.workers: Any = start_ranks(parallel, spec, self.device, self.rank_threads, ray_address, on_ray)
         try:
             broadcast_weights(model)
             train_model = copy.deepcopy(model) if parallel.strategy == "fsdp2" else model

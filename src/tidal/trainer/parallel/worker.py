@@ -11,6 +11,7 @@ import os
 import pickle
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,12 +27,20 @@ from tidal.trainer.trainer import Trainer
 def main(spec_path: str) -> int:
     die_with_parent()
     spec = pickle.loads(Path(spec_path).read_bytes())
+    rank = int(os.environ["TIDAL_RANK"])
+    serve_rank(spec, rank, int(os.environ["TIDAL_WORLD_SIZE"]), "127.0.0.1", int(os.environ["TIDAL_STORE_PORT"]))
+    return 0
+
+
+def serve_rank(spec: dict[str, Any], rank: int, world: int, host: str, port: int) -> None:
+    """Rank `rank` of `world`: join the group at host:port, build the model and trainer as rank 0
+    did, take rank 0's weights, serve its commands until `close`, leave the group."""
     logging.basicConfig(level=spec.get("log_level", logging.WARNING),
-                        format=f"[rank {os.environ.get('TIDAL_RANK', '?')}] %(levelname)s %(name)s: %(message)s")
+                        format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     trainer_cfg = TrainerConfig.model_validate(spec["trainer"])
     torch.set_num_threads(int(spec["threads"]))
-    device = rank_device(torch.device(spec["device"]), int(os.environ["TIDAL_RANK"]))
-    rank, world = join_as_worker(trainer_cfg.parallel, device)
+    device = rank_device(torch.device(spec["device"]), rank)
+    join_as_worker(trainer_cfg.parallel, device, rank, world, host, port)
     try:
         model = load_model(ModelConfig.model_validate(spec["model"]), device, dtype=getattr(torch, spec["dtype"])).model
         broadcast_weights(model)  # rank 0's: after its warm start or the checkpoint it resumed from
@@ -43,7 +52,6 @@ def main(spec_path: str) -> int:
         serve(trainer)
     finally:
         dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":
