@@ -215,6 +215,7 @@ class Job:
         summary = self._summary(loaded.source, count_parameters(model), before, after, rl_seconds)
         summary["run"]["policy"] = str(policy)
         summary["run"]["merge_weight"] = cfg.merge.weight
+        summary["run"]["trainer"] = trainer.setup  # precision, log-prob path, checkpointing, micro-batches, ranks
         run.write_json("summary.json", summary)
         report = write_report(run.report_path, summary, run.read_metrics())
         self.mark("done")
