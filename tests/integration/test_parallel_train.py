@@ -13,6 +13,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tidal.storage.run import RunFolder
 from tidal.storage.store import open_run_store
 
@@ -89,9 +91,14 @@ def test_a_rank_killed_mid_run_fails_the_run_and_it_resumes_with_nothing_trained
     run = _run_folder(tmp_path)
     assert len(_rl_rows(run)) < steps
 
+    crashed_s = json.loads((run / "state.json").read_text())["elapsed_s"]
+    assert crashed_s > 0
     resumed = subprocess.run([*TIDAL, "train", str(run)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())["run"]
+    assert summary["duration_s"] > crashed_s  # both attempts count
     rows = _rl_rows(run)
+    assert summary["rl_seconds"] == pytest.approx(sum(r["step_s"] for r in rows), abs=0.2)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))  # nothing lost, no step twice
     trained = open_run_store(RunFolder.open(run)).trained()  # trajectory id -> the update that trained it
     per_update = Counter(trained.values())

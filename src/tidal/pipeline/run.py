@@ -135,6 +135,18 @@ class ProgressHook:
         return None
 
 
+class ElapsedHook:
+    """Records the run's elapsed seconds (over every attempt) in state.json after each step, so
+    a resumed run's summary counts the time of the attempts before it."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+
+    def after_step(self, context: StepContext) -> Rollback | None:
+        self.job.mark("elapsed_s", self.job.elapsed())
+        return None
+
+
 class HeldoutHook:
     """The held-out evaluation every `eval.every` steps, with the rollouts held: the watch gets
     the pass rates, the domains their regression alarms and adaptive weights."""
@@ -171,13 +183,20 @@ class Job:
         self.hooks = list(hooks)  # optional features (e.g. a stability guard), after the job's own
         self.state: dict[str, Any] = run.read_json("state.json") if (run.path / "state.json").exists() else {}
         self.started = time.perf_counter()
+        self.earlier_s = float(self.state.get("elapsed_s", 0.0))  # attempts before this one (a resume)
         # Quarantined eval tasks are still evaluated, and reported apart.
         self.quarantined = frozenset(load_quarantine(cfg.tasks.quarantine)) if cfg.tasks.quarantine else frozenset()
         self.progress = ProgressDisplay(cfg.run.progress)
 
     def mark(self, phase: str, value: Any = True) -> None:
         self.state[phase] = value
+        if phase != "elapsed_s":
+            self.state["elapsed_s"] = self.elapsed()
         self.run.write_json("state.json", self.state)
+
+    def elapsed(self) -> float:
+        """Seconds of this run so far: this attempt's, plus those earlier attempts recorded."""
+        return self.earlier_s + time.perf_counter() - self.started
 
     def execute(self) -> Path:
         cfg, run = self.cfg, self.run
@@ -265,9 +284,12 @@ class Job:
         self.progress.phase("rl", cfg.trainer.steps, start)
         began = time.perf_counter()
         before_rates = {d: r["pass_rate"] for d, r in pass_rates(before).items() if r["pass_rate"] is not None}
-        run_rl(parts, start, [ProgressHook(self.progress), HeldoutHook(self, evaluate, before_rates), *self.hooks])
+        run_rl(parts, start, [ProgressHook(self.progress), HeldoutHook(self, evaluate, before_rates), ElapsedHook(self),
+                              *self.hooks])
         self.mark("rl", cfg.trainer.steps)
-        return time.perf_counter() - began
+        # Over every attempt: the steps' own seconds (a step redone after a crash counts once).
+        rows = [m for m in self.run.read_metrics() if m.get("phase") == "rl" and "step_s" in m]
+        return sum(m["step_s"] for m in rows) if start else time.perf_counter() - began
 
     def _export_policy(self, model: torch.nn.Module, tokenizer: Any, merge: Merge | None) -> Path:
         """The post-trained policy's folder: the last RL checkpoint's model, or, when merging, the
@@ -318,7 +340,7 @@ class Job:
         run = {
             "name": self.run.name, "model": source, "parameters": params, "steps": cfg.trainer.steps,
             "algorithm": cfg.algorithm.advantage, "eval_samples_per_task": cfg.eval.samples_per_task,
-            "eval_temperature": cfg.eval.temperature, "duration_s": round(time.perf_counter() - self.started, 1),
+            "eval_temperature": cfg.eval.temperature, "duration_s": round(self.elapsed(), 1),
             "rl_seconds": round(rl_seconds, 1),
         }
         return {"run": run, "before": pass_rates(before), "after": pass_rates(after), **compare(before, after)}
