@@ -154,11 +154,13 @@ class ParallelTrainer:
 
     @contextlib.contextmanager
     def _threads(self) -> Iterator[None]:
-        torch.set_num_threads(self.rank_threads)
+        """Rank 0's share of the cores while the ranks train; what it had before afterwards."""
+        had = torch.get_num_threads()
+        torch.set_num_threads(min(self.rank_threads, had))
         try:
             yield
         finally:
-            torch.set_num_threads(self.threads)
+            torch.set_num_threads(had)
 
     def close(self) -> None:
         """Tell the other ranks to stop, wait for them, leave the group (idempotent)."""
