@@ -40,9 +40,10 @@ def _batches(model: torch.nn.Module, grouped: bool) -> list[TrainBatch]:
 
 
 def _train(model: torch.nn.Module, algo: AlgorithmConfig, batches: list[TrainBatch], rank: RankContext | None,
-           micro: int) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
+           micro: int, checkpointing: bool = False) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
     ref = copy.deepcopy(model) if algo.kl_coef > 0 else None
-    cfg = TrainerConfig(lr=1e-3, micro_batch_size=micro, precision="fp32", grad_clip=0.5)
+    cfg = TrainerConfig(lr=1e-3, micro_batch_size=micro, precision="fp32", grad_clip=0.5,
+                        gradient_checkpointing=checkpointing)
     trainer = Trainer(model, cfg, algo, "cpu", total_steps=10, temperature=0.9, ref_model=ref, max_tokens=8, rank=rank)
     metrics = [trainer.rl_step(batch) for batch in batches]
     if rank is not None and rank.sharded:
@@ -55,23 +56,24 @@ def _train(model: torch.nn.Module, algo: AlgorithmConfig, batches: list[TrainBat
 
 
 def _rank_main(rank: int, world: int, port: int, strategy: str, algo: AlgorithmConfig, grouped: bool, micro: int,
-               out: str) -> None:
+               out: str, checkpointing: bool) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         model = build_model(seed=3, dtype=torch.float64)
         batches = _batches(model, grouped)
         context = RankContext(rank, world, ParallelConfig(strategy=strategy, world_size=world), torch.device("cpu"))
-        metrics, state = _train(model, algo, batches, context, micro)
+        metrics, state = _train(model, algo, batches, context, micro, checkpointing)
         if rank == 0:
             torch.save({"metrics": metrics, "state": state}, out)
     finally:
         dist.destroy_process_group()
 
 
-def _ranks(strategy: str, algo: AlgorithmConfig, grouped: bool, micro: int, tmp_path: Path) -> dict[str, Any]:
+def _ranks(strategy: str, algo: AlgorithmConfig, grouped: bool, micro: int, tmp_path: Path,
+           checkpointing: bool = False) -> dict[str, Any]:
     out = str(tmp_path / f"{strategy}.pt")
-    mp.start_processes(_rank_main, args=(2, _free_port(), strategy, algo, grouped, micro, out), nprocs=2,
+    mp.start_processes(_rank_main, args=(2, _free_port(), strategy, algo, grouped, micro, out, checkpointing), nprocs=2,
                        join=True, start_method="spawn")
     return torch.load(out, weights_only=False)
 
@@ -84,14 +86,16 @@ ALGOS = {
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-@pytest.mark.parametrize(("name", "grouped", "micro"), [
-    ("token", False, 3), ("sequence+kl+entropy", True, 2), ("token_sum+2epochs", True, 4),
-])
-def test_ranks_match_one_process(strategy: str, name: str, grouped: bool, micro: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "grouped", "micro", "checkpointing"), [
+    ("token", False, 3, False), ("sequence+kl+entropy", True, 2, False), ("token_sum+2epochs", True, 4, False),
+    ("sequence+kl+entropy", True, 3, True),
+], ids=["token", "sequence+kl+entropy", "token_sum+2epochs", "gradient-checkpointing"])
+def test_ranks_match_one_process(strategy: str, name: str, grouped: bool, micro: int, checkpointing: bool,
+                                 tmp_path: Path) -> None:
     algo = ALGOS[name]
     model = build_model(seed=3, dtype=torch.float64)
-    expected_metrics, expected_state = _train(model, algo, _batches(model, grouped), None, micro)
-    got = _ranks(strategy, algo, grouped, micro, tmp_path)
+    expected_metrics, expected_state = _train(model, algo, _batches(model, grouped), None, micro, checkpointing)
+    got = _ranks(strategy, algo, grouped, micro, tmp_path, checkpointing)
     for step, (want, have) in enumerate(zip(expected_metrics, got["metrics"])):
         for key in ("loss", "policy_loss", "grad_norm", "entropy", "kl", "tokens", "skipped"):
             if key in want:
