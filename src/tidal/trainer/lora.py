@@ -37,6 +37,7 @@ from tidal.errors import CheckpointError
 ADAPTER = "default"  # the one adapter's name inside peft's layers
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+PEFT_PREFIX = "base_model.model."  # what a PeftModel's saved adapter names start with
 
 
 def _tuner_layer_type() -> type:
@@ -189,8 +190,9 @@ def save_adapter(model: torch.nn.Module, folder: Path) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
-    save_file({key: tensor.detach().contiguous().cpu() for key, tensor in state.items()}, str(folder / ADAPTER_WEIGHTS),
-              metadata={"format": "pt"})
+    # Under PeftModel's names (it wraps the model twice: PeftModel.base_model.model).
+    save_file({PEFT_PREFIX + key: tensor.detach().contiguous().cpu() for key, tensor in state.items()},
+              str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     model.peft_config[ADAPTER].save_pretrained(str(folder))  # type: ignore[index, union-attr]
 
 
@@ -208,7 +210,7 @@ def load_adapter(model: torch.nn.Module, folder: Path) -> None:
     if not has_adapter(model):
         raise CheckpointError(f"{path}: a LoRA adapter checkpoint, but the model has no adapter (set trainer.lora.enabled)")
     try:
-        state = load_file(str(path))
+        state = {key.removeprefix(PEFT_PREFIX): tensor for key, tensor in load_file(str(path)).items()}
         saved = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     except Exception as error:  # safetensors, JSON and OS errors all mean the same: unreadable
         raise CheckpointError(f"{folder}: unreadable adapter checkpoint ({error})") from error
