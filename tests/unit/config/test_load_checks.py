@@ -63,3 +63,19 @@ def test_task_files_beside_the_config_are_found_from_anywhere(tmp_path: Path, mo
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "mine.jsonl").write_text("")
     assert load_config(config).tasks.domains["mine"].sources[0] == "data/mine.jsonl"  # the working directory wins
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.parallel.strategy=fsdp2", "trainer.parallel.world_size=2"], "trainer.lora with trainer.parallel.strategy 'fsdp2' is not supported"),
+        (["trainer.parallel.strategy=ddp", "trainer.parallel.world_size=2"], "trainer.lora with trainer.parallel.strategy 'ddp' is not supported"),
+        (["algorithm.advantage=gae"], "trainer.lora with algorithm.advantage 'gae' is not supported"),
+        (["trainer.lora.target_modules=[]"], "target_modules is empty"),
+    ],
+)
+def test_lora_configs_that_cannot_work_fail_at_load(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(SMOKE, ["trainer.lora.enabled=true", *overrides])
+    assert message in str(caught.value)
+    load_config(SMOKE, ["trainer.lora.enabled=true", "trainer.lora.publish=adapter"])
