@@ -52,8 +52,11 @@ def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     return {name: module for name, module in model.named_modules() if isinstance(module, layer_type)}
 
 
-def has_adapter(model: torch.nn.Module) -> bool:
-    """Whether `model` carries LoRA layers (without importing peft when it cannot)."""
+def has_adapter(model: object) -> bool:
+    """Whether `model` carries LoRA layers (without importing peft when it cannot). Anything but a
+    module (e.g. the checkpoint's policy-and-critic pair) carries none."""
+    if not isinstance(model, torch.nn.Module):
+        return False
     if not any(".lora_" in name for name, _ in model.named_parameters()):
         return False
     return bool(lora_layers(model))
