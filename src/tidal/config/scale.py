@@ -63,9 +63,14 @@ class ParallelConfig(_Section):
 
 
 class LoraConfig(_Section):
-    """A LoRA adapter through peft: only the adapter trains; the base weights stay frozen."""
+    """A LoRA adapter through peft (trainer/lora.py, docs/design/trainer.md "LoRA"): only the adapter
+    trains; the base weights stay frozen and serve as the KL reference."""
 
-    enabled: bool = Field(False, description="train a LoRA adapter instead of the full weights")
+    enabled: bool = Field(
+        False, description="RL trains a LoRA adapter instead of the full weights (the warm start, when on, still "
+        "trains them all); checkpoints hold the adapter, the exported policy is the merged model. One process: not "
+        "with trainer.parallel ranks, nor with a value model (gae)",
+    )
     r: int = Field(16, ge=1, le=4096, description="adapter rank")
     alpha: float = Field(32.0, gt=0, description="scale numerator: the update is (alpha / r) * B @ A")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input")
@@ -74,8 +79,9 @@ class LoraConfig(_Section):
         "every linear layer but the LM head",
     )
     publish: Literal["merged", "adapter"] = Field(
-        "merged", description="what rollout gets after each update: merged weights (base + adapter) or the adapter "
-        "alone, applied to the base model the rollout side already holds",
+        "merged", description="what rollout gets after each update: merged weights (base + adapter, the plain "
+        "model's layout and its fast forward) or the adapter alone (less to send), applied to the base model the "
+        "rollout side already holds; either way verified by the adapted model's canary",
     )
 
     @model_validator(mode="after")

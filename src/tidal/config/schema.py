@@ -583,6 +583,21 @@ class TidalConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _lora_supported(self) -> "TidalConfig":
+        if not self.trainer.lora.enabled:
+            return self
+        if self.trainer.parallel.strategy != "none":
+            raise ValueError(f"trainer.lora with trainer.parallel.strategy {self.trainer.parallel.strategy!r} is not "
+                             "supported: the adapter trains in one process (set trainer.parallel.strategy none, or "
+                             "trainer.lora.enabled false)")
+        from tidal.algos.advantages import CRITIC_ADVANTAGES
+
+        if self.algorithm.advantage in CRITIC_ADVANTAGES:
+            raise ValueError(f"trainer.lora with algorithm.advantage {self.algorithm.advantage!r} is not supported: "
+                             "the value model copies the policy's backbone in full; use a critic-free estimator (grpo, ...)")
+        return self
+
+    @model_validator(mode="after")
     def _replay_has_weight(self) -> "TidalConfig":
         if self.replay.source != "none" and self.algorithm.replay_weight <= 0:
             raise ValueError("replay.source is set but algorithm.replay_weight is 0: give the replay loss a weight")

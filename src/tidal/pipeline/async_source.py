@@ -343,7 +343,9 @@ class AsyncSource:
         parts.domains.lock = mixer_lock  # the mixer reads the curricula the scorer thread updates
         self.canary = canary_ids(parts.engine.tokenizer)
         self.channel = WeightChannel()
-        self.channel.publish(publish(parts.trainer.model, parts.engine.weight_version, self.canary))
+        lora = cfg.trainer.lora
+        self.adapter_only = lora.enabled and lora.publish == "adapter"  # else merged weights (or the full ones)
+        self.channel.publish(publish(parts.trainer.model, parts.engine.weight_version, self.canary, self.adapter_only))
         self.window = _Window(self.max_staleness + 1, start_step)  # without ratio control, admission always binds first
         self.controller = self._ratio_controller()
         self.workers: Workers = get_backend(pipeline.backend).start(parts)
@@ -392,7 +394,7 @@ class AsyncSource:
         return item
 
     def publish(self, version: int) -> None:
-        self.channel.publish(publish(self.parts.trainer.model, version, self.canary))
+        self.channel.publish(publish(self.parts.trainer.model, version, self.canary, self.adapter_only))
         self.parts.engine.update_weights(None, version=version)  # the trainer-shared engine (evaluation)
 
     def report(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from tidal.tasks import generate_tasks, load_tasks, write_tasks
 from tidal.tasks.mixer import TaskMixer
 from tidal.telemetry.progress import ProgressDisplay, rl_status
 from tidal.trainer.checkpoint import latest_checkpoint
+from tidal.trainer.lora import AdapterMerge, apply_lora, has_adapter, plain_copy
 from tidal.trainer.merge import Merge
 from tidal.trainer.parallel.trainer import ParallelTrainer
 from tidal.trainer.trainer import Trainer
@@ -207,14 +208,23 @@ class Job:
         loaded = load_model(cfg.model, device)
         model, tokenizer = loaded.model, loaded.tokenizer
         scorer = Scorer(cfg.reward)
-        engine = EmbeddedEngine(model, tokenizer, device)
+        lora = cfg.trainer.lora.enabled
         with self.progress:
             self.progress.log(f"run folder: {run.path}  model: {loaded.source} ({count_parameters(model) / 1e6:.2f}M params)")
             self._warm_start(model, tokenizer, warm_tasks, device)
-            reference = copy.deepcopy(model).eval() if cfg.algorithm.kl_coef > 0 else None
+            if lora:  # RL trains an adapter on the warm-started weights; they stay frozen
+                apply_lora(model, cfg.trainer.lora, seed=cfg.run.seed)
+                trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+                self.progress.log(f"LoRA r={cfg.trainer.lora.r}: {trainable / 1e6:.3f}M trainable parameters")
+            # Built after the adapter is in: the engine picks its forward from the model's layers.
+            engine = EmbeddedEngine(model, tokenizer, device)
+            # With LoRA the reference is the base model, the adapter switched off (no copy).
+            reference = copy.deepcopy(model).eval() if cfg.algorithm.kl_coef > 0 and not lora else None
             # The weights RL starts from, merged back into what is evaluated and exported; a copy of
-            # the model, so only kept when merging.
-            merge = Merge(model, cfg.merge.weight) if cfg.merge.weight < 1 else None
+            # the model, so only kept when merging (with LoRA, the adapter's update is scaled instead).
+            merge: Merge | AdapterMerge | None = None
+            if cfg.merge.weight < 1:
+                merge = AdapterMerge(cfg.merge.weight) if lora else Merge(model, cfg.merge.weight)
 
             def evaluate(tag: str, force: bool = True) -> list[dict[str, Any]]:
                 with merge.view(model) if merge is not None else contextlib.nullcontext():
@@ -291,9 +301,12 @@ class Job:
         rows = [m for m in self.run.read_metrics() if m.get("phase") == "rl" and "step_s" in m]
         return sum(m["step_s"] for m in rows) if start else time.perf_counter() - began
 
-    def _export_policy(self, model: torch.nn.Module, tokenizer: Any, merge: Merge | None) -> Path:
+    def _export_policy(self, model: torch.nn.Module, tokenizer: Any, merge: Merge | AdapterMerge | None) -> Path:
         """The post-trained policy's folder: the last RL checkpoint's model, or, when merging, the
-        merged weights (which `model` holds now) saved as their own Hugging Face folder."""
+        merged weights (which `model` holds now) saved as their own Hugging Face folder; with LoRA
+        always such a folder, the adapter merged into the base (a plain model, loadable without peft)."""
+        if has_adapter(model):
+            return save_checkpoint(plain_copy(model), tokenizer, self.run.checkpoints_dir / "policy")
         if merge is not None and merge.active:
             return save_checkpoint(model, tokenizer, self.run.checkpoints_dir / "policy")
         latest = latest_checkpoint(self.run.checkpoints_dir / "rl")

@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerBase
 from tidal.errors import WeightTimeoutError, WeightVerificationError
 from tidal.rollout.engine import EmbeddedEngine
 from tidal.trainer.logprobs import token_logprobs
+from tidal.trainer.lora import adapter_state_dict, has_adapter, merged_state_dict
 
 # A fixed canary: plain words every tokenizer splits into several tokens. Its logprobs depend on
 # every layer, so a weight that did not arrive shows in them.
@@ -85,10 +86,21 @@ class Publication:
         return dataclasses.replace(self, state=None)
 
 
-def publish(model: torch.nn.Module, version: int, ids: list[int]) -> Publication:
+def publish(model: torch.nn.Module, version: int, ids: list[int], adapter_only: bool = False) -> Publication:
     """Snapshot `model`'s weights as `version` (a CPU copy: the trainer keeps updating its own),
-    with their checksum and the canary's logprobs under them."""
-    state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
+    with their checksum and the canary's logprobs under them.
+
+    A LoRA-adapted model (trainer/lora.py) publishes its merged weights in the plain model's
+    layout (for a worker holding `lora.plain_copy`), or with `adapter_only` its adapter's tensors
+    alone (for a worker holding the same adapter layers on the same base). Either way the canary
+    is the adapted model's: a worker that did not get the adapter's update fails it."""
+    if has_adapter(model):
+        source = adapter_state_dict(model) if adapter_only else merged_state_dict(model)
+    elif adapter_only:
+        raise ValueError("publish(adapter_only=True): the model has no LoRA adapter (trainer.lora.enabled is false?)")
+    else:
+        source = model.state_dict()
+    state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in source.items()}
     return Publication(version, state_checksum(state), list(ids), canary_logprobs(model, ids).tolist(), state)
 
 

@@ -219,6 +219,8 @@ class EmbeddedEngine:
         stops there and raises `PreemptedError`, keeping nothing (the scheduler's preemption).
         """
         params = params or SamplingParams()
+        if self._lean is not None and not self._lean.current():
+            self._lean = None  # its layers were replaced since (a LoRA adapter injected): the model's own forward
         if n < 1:
             raise ValueError(f"n={n} must be >= 1")
         for index, prompt in enumerate(prompts):

@@ -85,6 +85,16 @@ def _linear(module: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
     return module.weight, getattr(module, "bias", None)
 
 
+def _projections(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The LM head and every layer's attention and MLP projections, in order."""
+    modules = [model.lm_head]
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        modules += [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
+                    mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    return modules
+
+
 class LeanDecoder:
     """The lean forward of one model (see the module docstring)."""
 
@@ -113,6 +123,7 @@ class LeanDecoder:
             )
             for layer in inner.layers
         ]
+        self._modules = [id(module) for module in _projections(model)]
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
@@ -137,7 +148,16 @@ class LeanDecoder:
         except (AttributeError, IndexError, TypeError):
             return False
         norms = (inner.norm, layer.input_layernorm, layer.post_attention_layernorm)  # type: ignore[union-attr]
-        return all(p is not None for p in parts) and all(hasattr(n, "variance_epsilon") for n in norms)
+        if not all(p is not None for p in parts) or not all(hasattr(n, "variance_epsilon") for n in norms):
+            return False
+        # Plain nn.Linear projections only: a LoRA layer (peft) exposes its base layer's `weight`,
+        # and reading that alone would sample from the base model, the adapter ignored.
+        return all(isinstance(module, torch.nn.Linear) for module in _projections(model))
+
+    def current(self) -> bool:
+        """Whether the model still holds the projection modules this forward read (an adapter
+        injected since, e.g. LoRA, replaces them: then this forward would compute the old model)."""
+        return [id(module) for module in _projections(self.model)] == self._modules
 
     def new_cache(self, capacity: int) -> LeanCache:
         return LeanCache(len(self.layers), capacity)

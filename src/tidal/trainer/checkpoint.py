@@ -2,7 +2,8 @@
 
 A checkpoint is a folder under a root (e.g. `run/checkpoints/step_000010`):
 
-    model/            the policy as a Hugging Face checkpoint (safetensors), plus the tokenizer
+    model/            the policy as a Hugging Face checkpoint (safetensors), plus the tokenizer;
+                      for a LoRA policy the adapter alone, in peft's format (trainer/lora.py)
     optimizer.pt      optimizer state        scheduler.pt  LR scheduler state
                       (or optimizer/: the state in shards, written by FSDP2 ranks through DCP)
     rng.pt            python, numpy, torch CPU and CUDA generator states
@@ -30,6 +31,7 @@ import torch
 
 from tidal.errors import CheckpointError
 from tidal.storage.run import fsync_path
+from tidal.trainer.lora import has_adapter, is_adapter_folder, load_adapter, save_adapter
 
 MARKER = "complete.json"
 LATEST = "latest"
@@ -115,7 +117,8 @@ def save_training_state(
 ) -> Path:
     """Write a checkpoint into `folder` atomically and point `folder.parent/latest` at it.
 
-    `model` must have `save_pretrained` (a Hugging Face model); `save_tokenizer`, when given, is
+    `model` must have `save_pretrained` (a Hugging Face model) or a LoRA adapter (then only the
+    adapter is saved, `lora.save_adapter`); `save_tokenizer`, when given, is
     saved next to the weights so `folder/model` loads on its own. `extra` must be JSON-able.
     `write_optimizer(temp_folder)`, when given, writes the optimizer state instead of
     `optimizer.pt` (ranked trainers: a sharded folder, trainer/parallel/state.py).
@@ -132,7 +135,10 @@ def save_training_state(
     temp = root / f"{_TEMP_PREFIX}{folder.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     temp.mkdir()
     try:
-        model.save_pretrained(temp / MODEL_DIR)  # type: ignore[operator]
+        if has_adapter(model):  # the adapter alone: the frozen base is the run's starting model
+            save_adapter(model, temp / MODEL_DIR)
+        else:
+            model.save_pretrained(temp / MODEL_DIR)  # type: ignore[operator]
         if save_tokenizer is not None:
             save_tokenizer.save_pretrained(temp / MODEL_DIR)
         if write_optimizer is not None:
@@ -258,6 +264,12 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     """The safetensors weights of a Hugging Face folder (one file or an index of shards)."""
     from safetensors.torch import load_file
 
+    if is_adapter_folder(model_dir):
+        load_adapter(model, model_dir)
+        return
+    if has_adapter(model):
+        raise CheckpointError(f"{model_dir}: full model weights, but the model trains a LoRA adapter; resume a run "
+                              "with the trainer.lora it was started with")
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         try:

@@ -47,6 +47,7 @@ from tidal.config.schema import AlgorithmConfig, TrainerConfig
 from tidal.trainer.checkpoint import load_training_state, save_training_state
 from tidal.trainer.critic import CRITIC_FILE, Critic, PolicyWithCritic
 from tidal.trainer.logprobs import split_model, token_logprobs, trim_padding
+from tidal.trainer.lora import adapter_disabled, has_adapter
 from tidal.trainer.memory import MemoryPlan, plan_memory
 from tidal.trainer.optim import adamw
 from tidal.trainer.parallel.rank import RankContext, full_norm
@@ -337,10 +338,14 @@ class Trainer:
     # ---------------------------------------------------------------- RL
 
     def _reference_logprobs(self, batch: TrainBatch) -> Tensor | None:
-        """Reference logprobs (B, T): from the batch when given, else from `ref_model`."""
+        """Reference logprobs (B, T): from the batch when given, else from `ref_model`, else, for a
+        LoRA-adapted policy with a KL term, from the policy with its adapter off (the base model)."""
         if batch.ref_logprobs is not None:
             return _wide(batch.ref_logprobs.to(self.device))
         if self.ref_model is None:
+            if self.algo.kl_coef > 0 and has_adapter(self.model):
+                with adapter_disabled(self.model):
+                    return self._frozen_logprobs(self.model, batch)
             if self.algo.kl_coef > 0:
                 raise ValueError("algorithm.kl_coef > 0 needs Trainer(ref_model=...) or batch.ref_logprobs")
             return None

@@ -81,3 +81,19 @@ def test_impossible_trainer_ranks_fail_at_load(overrides: list[str], message: st
     with pytest.raises(ConfigError) as caught:
         load_config(SMOKE, overrides)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.parallel.strategy=fsdp2", "trainer.parallel.world_size=2"], "trainer.lora with trainer.parallel.strategy 'fsdp2' is not supported"),
+        (["trainer.parallel.strategy=ddp", "trainer.parallel.world_size=2"], "trainer.lora with trainer.parallel.strategy 'ddp' is not supported"),
+        (["algorithm.advantage=gae"], "trainer.lora with algorithm.advantage 'gae' is not supported"),
+        (["trainer.lora.target_modules=[]"], "target_modules is empty"),
+    ],
+)
+def test_lora_configs_that_cannot_work_fail_at_load(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(SMOKE, ["trainer.lora.enabled=true", *overrides])
+    assert message in str(caught.value)
+    load_config(SMOKE, ["trainer.lora.enabled=true", "trainer.lora.publish=adapter"])

@@ -31,6 +31,8 @@ from tidal.reward.protocol import ScoringWorker
 from tidal.types import Group, Task
 
 if TYPE_CHECKING:  # torch and transformers: a process that only scores (a Ray scorer actor) never loads them
+    import torch
+
     from tidal.pipeline.stages import LoopParts
     from tidal.pipeline.weights import Publication
     from tidal.rollout.engine import Cancel
@@ -98,3 +100,17 @@ def split_by_task(items: list[tuple[Task, str | bytes]], parts: int) -> list[lis
     for indices in sorted(by_task.values(), key=len, reverse=True):  # largest first, to the lightest share
         min(shares, key=len).extend(indices)
     return [sorted(share) for share in shares if share]
+
+
+def policy_copy(parts: LoopParts) -> torch.nn.Module:
+    """A rollout worker's own copy of the run's policy (the engine's model): a plain copy, or for a
+    LoRA-adapted policy the model its publications fit, `trainer.lora.publish` deciding
+    (trainer/lora.py, `rollout_copy`: a plain model for merged weights, the adapted one for an adapter)."""
+    import copy
+
+    from tidal.trainer.lora import has_adapter, rollout_copy
+
+    model = parts.engine.model
+    if has_adapter(model):
+        return rollout_copy(model, parts.config.trainer.lora.publish)
+    return copy.deepcopy(model)

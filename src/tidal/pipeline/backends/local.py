@@ -15,13 +15,12 @@ Scoring uses the run's `Scorer` (its sandbox pool scores a batch's answers in pa
 
 from __future__ import annotations
 
-import copy
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from tidal.pipeline.backends import Workers, split_by_task
+from tidal.pipeline.backends import Workers, policy_copy, split_by_task
 from tidal.pipeline.stages import LoopParts, Sampler
 from tidal.pipeline.weights import UNLOADED, Publication, check_canary, load_verified
 from tidal.reward.scorer import Scorer
@@ -51,7 +50,7 @@ def rollout_engine(parts: LoopParts) -> EmbeddedEngine:
     """A second engine on a frozen copy of the trainer's model, holding no verified version yet."""
     if not isinstance(parts.engine, EmbeddedEngine):
         raise TypeError(f"the local backend copies an EmbeddedEngine's model; got {type(parts.engine).__name__}")
-    model = copy.deepcopy(parts.engine.model).eval().requires_grad_(False)
+    model = policy_copy(parts).eval().requires_grad_(False)
     engine = EmbeddedEngine(model, parts.engine.tokenizer, parts.engine.device, parts.engine.max_batch_rows)
     engine.weight_version = UNLOADED
     return engine

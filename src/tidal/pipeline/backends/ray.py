@@ -14,7 +14,6 @@ Preemption reaches a running `sample` through the actor's second ("control") thr
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import os
@@ -30,6 +29,7 @@ from tidal.pipeline.backends import (
     BackendUnavailableError,
     WorkerLostError,
     Workers,
+    policy_copy,
     split_by_task,
 )
 from tidal.pipeline.backends.ray_scorer import ScorerActor
@@ -302,7 +302,7 @@ class RayBackend:
         # The model and tokenizer go through the object store once, and their ref goes with each
         # call: as a constructor argument (in the object store), a restart could find it gone
         # (ray-project/ray#53727, which Ray logs as an error at every such actor's creation).
-        policy = ray.put((copy.deepcopy(parts.engine.model).to("cpu"), parts.engine.tokenizer))
+        policy = ray.put((policy_copy(parts).to("cpu"), parts.engine.tokenizer))
         count = pipeline.rollout_workers
         # One GPU each while the cluster has enough; otherwise they share them (Ray would leave
         # the ones without a whole GPU pending, and the run would wait for them).
