@@ -264,12 +264,6 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     """The safetensors weights of a Hugging Face folder (one file or an index of shards)."""
     from safetensors.torch import load_file
 
-    if is_adapter_folder(model_dir):
-        load_adapter(model, model_dir)
-        return
-    if has_adapter(model):
-        raise CheckpointError(f"{model_dir}: full model weights, but the model trains a LoRA adapter; resume a run "
-                              "with the trainer.lora it was started with")
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -292,7 +286,13 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 def _load_model_weights(model_dir: Path, model: torch.nn.Module) -> None:
     """Copy the safetensors weights in `model_dir` into `model`, in place (the optimizer keeps
-    pointing at the same parameters)."""
+    pointing at the same parameters). A LoRA checkpoint holds only the adapter."""
+    if is_adapter_folder(model_dir):
+        load_adapter(model, model_dir)
+        return
+    if has_adapter(model):
+        raise CheckpointError(f"{model_dir}: full model weights, but the model trains a LoRA adapter; resume a run "
+                              "with the trainer.lora it was started with")
     state = read_weights(model_dir)
     own = model.state_dict()
     loaded_storage = {own[key].data_ptr() for key in state if key in own}
