@@ -35,9 +35,10 @@ def plan_command(
     try:
         from tidal.config import load_config
         from tidal.pipeline.planning import plan_config
+        from tidal.pipeline.run import build_tasks
 
         cfg = load_config(config, list(overrides or []))
-        plan = plan_config(cfg, fetch=False, gflops=gflops)
+        plan = plan_config(cfg, build_tasks(cfg), fetch=False, gflops=gflops)
     except TidalError as error:
         _fail(error)
     record = {"config": str(config), "model": cfg.model.path, **plan.record()}

@@ -60,12 +60,10 @@ def _longest(tokenizer: Any, tasks: list[Task], with_reference: bool = False) ->
     return longest
 
 
-def workload_of(cfg: TidalConfig, tokenizer: Any, device: torch.device) -> Workload:
-    """What a step of `cfg` processes: its tasks' longest prompt and the rows of an engine batch."""
-    from tidal.pipeline.run import build_tasks  # run.py calls check_plan: imported here, not at the top
-
-    train_by_domain, evaluation = build_tasks(cfg)
-    train = [task for tasks in train_by_domain.values() for task in tasks]
+def workload_of(cfg: TidalConfig, tokenizer: Any, device: torch.device, train: list[Task],
+                evaluation: list[Task]) -> Workload:
+    """What a step of `cfg` processes: its tasks' longest prompt and the rows of an engine batch.
+    `train` and `evaluation` are its tasks (`pipeline.run.build_tasks`, which the caller runs)."""
     single = [task for task in [*train, *evaluation] if not is_multi_turn(task)]
     prompt = _longest(tokenizer, single)
     rollout = cfg.rollout
@@ -134,15 +132,17 @@ def measure_rate(plan_precision: str, hidden: int, intermediate: int, device: to
                       f"measured: {tokens}x{hidden}x{intermediate} {plan_precision} matmul on {device}")
 
 
-def plan_config(cfg: TidalConfig, fetch: bool = False, gflops: float | None = None, throughput: bool = True,
-                capacity: Capacity | None = None) -> RunPlan:
-    """The plan of `cfg` on this machine. `fetch`: fetch a registry model that is not in the cache
+def plan_config(cfg: TidalConfig, tasks: tuple[dict[str, list[Task]], list[Task]], fetch: bool = False,
+                gflops: float | None = None, throughput: bool = True, capacity: Capacity | None = None) -> RunPlan:
+    """The plan of `cfg` on this machine; `tasks`: (train tasks by domain, eval tasks), as
+    `pipeline.run.build_tasks` gives them. `fetch`: fetch a registry model that is not in the cache
     (else that is an error); `gflops`: the matmul rate to use instead of measuring one; `throughput`
     false skips the rate; `capacity` replaces the memory measured here."""
     device = resolve_device(cfg.model.device)
     loaded = meta_model(cfg.model, fetch=fetch)
     shape = shape_of(loaded.model)
-    workload = workload_of(cfg, loaded.tokenizer, device)
+    train = [task for domain in tasks[0].values() for task in domain]
+    workload = workload_of(cfg, loaded.tokenizer, device, train, tasks[1])
     capacity = capacity or measure_capacity(device)
     try:
         plan = plan_run(cfg, shape, workload, device, capacity)
@@ -172,12 +172,13 @@ def refusal(plan: RunPlan) -> str:
     return "\n".join(lines)
 
 
-def check_plan(cfg: TidalConfig) -> RunPlan | None:
+def check_plan(cfg: TidalConfig, tasks: tuple[dict[str, list[Task]], list[Task]]) -> RunPlan | None:
     """Refuse (`PlanError`) a config whose predicted peak memory does not fit here; None when
-    `trainer.plan_check` is off. Fetches a registry model that is not cached yet (the run would next)."""
+    `trainer.plan_check` is off. `tasks` as for `plan_config`. Fetches a registry model that is not
+    cached yet (the run would next)."""
     if not cfg.trainer.plan_check:
         return None
-    plan = plan_config(cfg, fetch=True, throughput=False)
+    plan = plan_config(cfg, tasks, fetch=True, throughput=False)
     if not plan.fits:
         raise PlanError(refusal(plan), plan.record())
     return plan

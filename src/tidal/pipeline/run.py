@@ -319,9 +319,9 @@ def run_training(target: Path, overrides: list[str]) -> Path:
     if target.is_dir():
         run = RunFolder.open(target)
         cfg = load_config(run.config_path, overrides)
-        check_plan(cfg)
+        check_plan(cfg, build_tasks(cfg))
         save_config(cfg, run.config_path)
         return Job(cfg, run).execute()
     cfg = load_config(target, overrides)
-    check_plan(cfg)  # before the run folder, the model or any rank exists
+    check_plan(cfg, build_tasks(cfg))  # before the run folder, the model or any rank exists
     return Job(cfg, start_run(cfg, Path(cfg.run.dir), cfg.run.name)).execute()
