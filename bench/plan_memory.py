@@ -26,14 +26,14 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from results_md import command_line, write_section  # noqa: E402
+from results_md import command_line, write_section
 
-from tidal.config import load_config  # noqa: E402
-from tidal.models.meta import meta_model  # noqa: E402
-from tidal.pipeline.planning import measure_capacity, plan_config  # noqa: E402
-from tidal.pipeline.run import build_tasks  # noqa: E402
-from tidal.trainer.plan import Workload, plan_run, shape_of  # noqa: E402
-from tidal.trainer.plan_measure import measure, predicted_growth  # noqa: E402
+from tidal.config import load_config
+from tidal.models.meta import meta_model
+from tidal.pipeline.planning import measure_capacity, plan_config
+from tidal.pipeline.run import build_tasks
+from tidal.trainer.plan import Workload, plan_run, shape_of
+from tidal.trainer.plan_measure import measure, predicted_growth
 
 SECTION = "## Memory planner: prediction vs measured peak"
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
@@ -84,13 +84,13 @@ def main() -> None:
     command = "python bench/plan_memory.py" + (f" --model {args.model}" if args.model else "")
     text = "\n".join([
         SECTION, "",
-        "The planner's prediction (`tidal plan`, trainer/plan.py) against the peak measured, in MiB. `updates` rows: "
+        ("The planner's prediction (`tidal plan`, trainer/plan.py) against the peak measured, in MiB. `updates` rows: "
         f"a fresh process loads the model and runs {args.steps} RL updates (PPO-clip, AdamW, shared prompts) on rows of "
         "the planned shape (every row its prompt + max_new_tokens, 8 rows a prompt); measured is its peak resident set "
         "(VmHWM) above the process before the model, predicted the plan's update phase less its runtime part. The smoke "
         "row is the whole run's ru_maxrss against the plan's rank-0 peak; its runtime part (560 MiB) was measured from "
         "this run, so that row checks only that constant. Tolerance of tests/unit/trainer/test_plan.py: measured within "
-        "35% of predicted (the fp32 row's shape).", "",
+        "35% of predicted (the fp32 row's shape)."), "",
         command_line(command, f"torch {torch.__version__}, 1-minute load {os.getloadavg()[0]:.1f}"), "",
         "| run | measured | predicted (MiB) | measured (MiB) | measured / predicted |",
         "|---|---|---:|---:|---:|",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 import typer
 
@@ -25,9 +25,9 @@ def _fail(error: Exception) -> NoReturn:
 
 def plan_command(
     config: Path = typer.Argument(..., help="YAML config"),
-    overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. trainer.micro_batch_size=16"),
+    overrides: list[str] | None = typer.Argument(None, help="dotted overrides, e.g. trainer.micro_batch_size=16"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
-    gflops: Optional[float] = typer.Option(None, min=0.001, help="matmul GFLOP/s for the step time (default: measured)"),
+    gflops: float | None = typer.Option(None, min=0.001, help="matmul GFLOP/s for the step time (default: measured)"),
 ) -> None:
     """Predict a run's peak memory per rank (weights, gradients, optimizer state, activations, the
     log-prob head, reference model, KV cache, async copies, runtime), whether it fits in the memory
@@ -53,9 +53,10 @@ def _size(value: float) -> str:
 def format_plan(record: dict[str, Any]) -> list[str]:
     """`RunPlan.record` (with `config` and `model`) as a table and a few lines."""
     world = record["world_size"]
-    lines = [f"plan of {record['config']}: model {record['model']} ({record['parameters'] / 1e6:.2f}M parameters, "
+    title = (f"plan of {record['config']}: model {record['model']} ({record['parameters'] / 1e6:.2f}M parameters, "
              f"{record['trainable_parameters'] / 1e6:.2f}M trainable), {record['device']}, {world} rank(s), "
-             f"{record['precision']}, micro-batch {record['micro_batch_size']} x {record['sequence_tokens']} tokens", ""]
+             f"{record['precision']}, micro-batch {record['micro_batch_size']} x {record['sequence_tokens']} tokens")
+    lines = [title, ""]
     rows = [("part", "phases", "rank 0", "each other rank" if world > 1 else "", "total", "note")]
     for part in record["parts"]:
         phases = "all" if len(part["phases"]) == 3 else ", ".join(part["phases"])

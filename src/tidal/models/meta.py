@@ -14,7 +14,13 @@ from transformers import AutoModelForCausalLM
 
 from tidal.config.schema import ModelConfig
 from tidal.errors import ModelLoadError
-from tidal.models.io import REGISTRY_PREFIX, LoadedModel, _check_folder, _load_tokenizer, model_folder
+from tidal.models.io import (
+    REGISTRY_PREFIX,
+    LoadedModel,
+    _check_folder,
+    _load_tokenizer,
+    model_folder,
+)
 from tidal.models.tiny import build_tiny_model
 from tidal.models.tokenizer import build_tiny_tokenizer
 
@@ -27,7 +33,11 @@ def meta_model(cfg: ModelConfig, fetch: bool = False) -> LoadedModel:
             model = build_tiny_model(cfg.tiny, tokenizer, cfg.seed)
         return LoadedModel(model=model, tokenizer=tokenizer, source="tiny")
     if cfg.path.startswith(REGISTRY_PREFIX) and not fetch:
-        from tidal.models.registry_models import REGISTRY_MODELS, cache_root, is_finished
+        from tidal.models.registry_models import (
+            REGISTRY_MODELS,
+            cache_root,
+            is_finished,
+        )
 
         name = cfg.path[len(REGISTRY_PREFIX):]
         folder = cache_root() / name

@@ -161,7 +161,7 @@ def refusal(plan: RunPlan) -> str:
     for what, predicted, available in plan.checks:
         verdict = "does not fit" if predicted > available else "fits"
         lines.append(f"  {what}: {predicted / GIB:.2f} GiB predicted, {available / GIB:.2f} GiB available: {verdict}")
-    peak, phase = plan.peak()
+    _, phase = plan.peak()
     lines.append(f"  rank 0 peaks in the {phase} phase; its largest parts:")
     alive = sorted((p for p in plan.parts if phase in p.phases and p.rank0), key=lambda p: -p.rank0)
     lines += [f"    {part.name}: {part.rank0 / GIB:.2f} GiB" + (f" ({part.note})" if part.note else "")

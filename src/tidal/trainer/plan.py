@@ -67,7 +67,14 @@ import torch
 from tidal.algos.advantages import needs_critic
 from tidal.config.schema import TidalConfig, TrainerConfig
 from tidal.trainer.logprobs import split_model
-from tidal.trainer.memory import HEAD_COPIES, STATE_BYTES, Dims, MemoryPlan, estimate_memory, model_dims
+from tidal.trainer.memory import (
+    HEAD_COPIES,
+    STATE_BYTES,
+    Dims,
+    MemoryPlan,
+    estimate_memory,
+    model_dims,
+)
 from tidal.trainer.parallel.rank import decoder_layers
 from tidal.trainer.precision import choose_precision_for, widest_linear
 
@@ -477,15 +484,15 @@ def _assumptions(cfg: TidalConfig, workload: Workload, precision: str, rows: int
     """What the numbers take for granted, in the plan's output."""
     trainer = cfg.trainer
     lines = [
-        f"rows as long as the longest prompt ({workload.prompt_tokens} tokens) + the longest completion "
-        f"({workload.sequence_tokens - workload.prompt_tokens}): an upper bound",
+        (f"rows as long as the longest prompt ({workload.prompt_tokens} tokens) + the longest completion "
+         f"({workload.sequence_tokens - workload.prompt_tokens}): an upper bound"),
         f"micro-batch: {rows} of the {per_rank} rows each rank trains per step"
         + (" (auto: trainer/memory.py's choice for the memory left)" if trainer.micro_batch_size == "auto" else ""),
         f"precision: {precision}",
-        "a phase's parts add up; phases (warm start, generation, update) do not overlap, except that async "
-        "rollout workers generate during the update",
-        "step time: FLOPs of the linear layers and the head (not attention scores) at the measured share of the "
-        "matmul rate",
+        ("a phase's parts add up; phases (warm start, generation, update) do not overlap, except that async "
+         "rollout workers generate during the update"),
+        ("step time: FLOPs of the linear layers and the head (not attention scores) at the measured share of the "
+         "matmul rate"),
     ]
     if trainer.parallel.strategy != "none":
         lines.append(f"{trainer.parallel.strategy}: rank 0 is the loop's process and keeps the whole model for "
