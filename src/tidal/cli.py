@@ -11,6 +11,7 @@ from typing import NoReturn, Optional
 import typer
 
 from tidal.cli_model import model_app
+from tidal.cli_plan import plan_command
 from tidal.errors import TidalError
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app.add_typer(image_app, name="image")
 trajectories_app = typer.Typer(help="Query and show a run's stored trajectories.", no_args_is_help=True)
 app.add_typer(trajectories_app, name="trajectories")
 app.add_typer(model_app, name="model")
+app.command("plan")(plan_command)
 
 
 def _fail(error: Exception) -> NoReturn:

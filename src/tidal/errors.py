@@ -133,3 +133,12 @@ class PreemptedError(TidalError):
     """Work stopped partway because higher-priority work needed its worker (the scheduler's
     preemption). Nothing of it is kept: it runs again from its start, which for generation gives
     the same result (same seed, weights and ids)."""
+
+
+class PlanError(TidalError):
+    """A run whose predicted peak memory does not fit (`tidal plan`): raised before anything is
+    launched, with the plan's numbers; `record` is the whole plan (`RunPlan.record`)."""
+
+    def __init__(self, message: str, record: dict | None = None) -> None:
+        self.record = record or {}
+        super().__init__(message)

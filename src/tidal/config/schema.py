@@ -308,6 +308,10 @@ class TrainerConfig(Section):
     )
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="trainer ranks (DDP, FSDP2)")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="train a LoRA adapter (peft)")
+    plan_check: bool = Field(
+        True, description="before a run launches anything, predict its peak memory from the config (`tidal plan`, "
+        "trainer/plan.py) and refuse one that cannot fit, with the numbers; false skips the check",
+    )
     steps: int = Field(50, ge=0, description="RL steps")
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")

