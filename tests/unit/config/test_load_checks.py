@@ -87,7 +87,6 @@ def test_impossible_trainer_ranks_fail_at_load(overrides: list[str], message: st
     ("overrides", "message"),
     [
         (["trainer.parallel.strategy=fsdp2", "trainer.parallel.world_size=2"], "trainer.lora with trainer.parallel.strategy 'fsdp2' is not supported"),
-        (["trainer.parallel.strategy=ddp", "trainer.parallel.world_size=2"], "trainer.lora with trainer.parallel.strategy 'ddp' is not supported"),
         (["algorithm.advantage=gae"], "trainer.lora with algorithm.advantage 'gae' is not supported"),
         (["trainer.lora.target_modules=[]"], "target_modules is empty"),
     ],

@@ -146,3 +146,35 @@ def test_world_size_one_is_a_group_of_one(one_process: dict[str, object]) -> Non
     losses, weights = _run("fsdp2", 1, batches)
     assert losses == pytest.approx(one_process["losses"], rel=1e-7)
     _same(weights, one_process["weights"])
+
+
+def test_a_lora_adapter_trains_on_ddp_ranks_as_in_one_process(one_process: dict[str, object]) -> None:
+    from tidal.config.scale import LoraConfig
+    from tidal.trainer.lora import adapter_state_dict, apply_lora
+
+    batches = one_process["batches"]
+    assert isinstance(batches, list)
+    lora = LoraConfig(enabled=True, r=4, alpha=8.0)
+    results = {}
+    for strategy, world in (("none", 1), ("ddp", 2)):
+        model = _model()
+        apply_lora(model, lora, seed=0)
+        base = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k}
+        cfg = _cfg(strategy, world).model_copy(update={"lora": lora})
+        trainer: Trainer | ParallelTrainer
+        if strategy == "none":  # the KL reference is the model with its adapter off, on every rank
+            trainer = Trainer(model, cfg, ALGO, "cpu", total_steps=10, temperature=0.9)
+        else:
+            trainer = ParallelTrainer(model, cfg, ALGO, "cpu", total_steps=10, model_cfg=MODEL, temperature=0.9)
+        try:
+            metrics = [trainer.rl_step(batch) for batch in batches]
+        finally:
+            _close(trainer)
+        assert all(torch.equal(v, base[k]) for k, v in model.state_dict().items() if k in base)  # base frozen
+        results[strategy] = (metrics, adapter_state_dict(model))
+    (one_metrics, one_adapter), (ddp_metrics, ddp_adapter) = results["none"], results["ddp"]
+    assert metrics[-1]["kl"] > 0
+    for want, have in zip(one_metrics, ddp_metrics):
+        for key in ("loss", "grad_norm", "kl"):
+            assert have[key] == pytest.approx(want[key], rel=1e-7, abs=1e-12), key
+    _same(ddp_adapter, one_adapter)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from tidal.config.schema import AlgorithmConfig, ModelConfig, TrainerConfig
 from tidal.models.io import load_model
+from tidal.trainer.lora import apply_lora
 from tidal.trainer.parallel.commands import serve
 from tidal.trainer.parallel.launch import die_with_parent, join_as_worker
 from tidal.trainer.parallel.rank import RankContext, broadcast_weights, rank_device
@@ -43,6 +44,8 @@ def serve_rank(spec: dict[str, Any], rank: int, world: int, host: str, port: int
     join_as_worker(trainer_cfg.parallel, device, rank, world, host, port)
     try:
         model = load_model(ModelConfig.model_validate(spec["model"]), device, dtype=getattr(torch, spec["dtype"])).model
+        if trainer_cfg.lora.enabled:  # the same adapter layout as rank 0's; its values come with the broadcast
+            apply_lora(model, trainer_cfg.lora, seed=0)
         broadcast_weights(model)  # rank 0's: after its warm start or the checkpoint it resumed from
         reference = copy.deepcopy(model).eval() if spec["reference"] else None
         context = RankContext(rank, world, trainer_cfg.parallel, device)
