@@ -5,8 +5,8 @@ micro-batches that split unevenly over the ranks, and the shared-prefix path."""
 from __future__ import annotations
 
 import copy
-import os
-import socket
+import datetime
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,6 @@ from .test_prefix import grouped_batch
 from .tiny import build_model, random_batch
 
 STEPS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _batches(model: torch.nn.Module, grouped: bool) -> list[TrainBatch]:
@@ -55,10 +49,12 @@ def _train(model: torch.nn.Module, algo: AlgorithmConfig, batches: list[TrainBat
     return metrics, {k: v.detach().clone() for k, v in state.items()}
 
 
-def _rank_main(rank: int, world: int, port: int, strategy: str, algo: AlgorithmConfig, grouped: bool, micro: int,
+def _rank_main(rank: int, world: int, store: str, strategy: str, algo: AlgorithmConfig, grouped: bool, micro: int,
                out: str, checkpointing: bool) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # A file rendezvous: no port another test could take between choosing it and binding it.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
     try:
         model = build_model(seed=3, dtype=torch.float64)
         batches = _batches(model, grouped)
@@ -66,6 +62,7 @@ def _rank_main(rank: int, world: int, port: int, strategy: str, algo: AlgorithmC
         metrics, state = _train(model, algo, batches, context, micro, checkpointing)
         if rank == 0:
             torch.save({"metrics": metrics, "state": state}, out)
+        context.release()  # the DDP reducer must go before its process group
     finally:
         dist.destroy_process_group()
 
@@ -73,8 +70,15 @@ def _rank_main(rank: int, world: int, port: int, strategy: str, algo: AlgorithmC
 def _ranks(strategy: str, algo: AlgorithmConfig, grouped: bool, micro: int, tmp_path: Path,
            checkpointing: bool = False) -> dict[str, Any]:
     out = str(tmp_path / f"{strategy}.pt")
-    mp.start_processes(_rank_main, args=(2, _free_port(), strategy, algo, grouped, micro, out, checkpointing), nprocs=2,
-                       join=True, start_method="spawn")
+    store = str(tmp_path / f"{strategy}.store")
+    context = mp.start_processes(_rank_main, args=(2, store, strategy, algo, grouped, micro, out, checkpointing),
+                                 nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + 300
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("the ranks did not finish within 300 s")
     return torch.load(out, weights_only=False)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -70,6 +71,12 @@ class RankContext:
         else:
             raise ValueError(f"trainer.parallel.strategy {self.cfg.strategy!r} wraps nothing")
         return self.module
+
+    def release(self) -> None:
+        """Drop the wrapper before the group is destroyed: a DDP reducer that outlives its process
+        group deadlocks in the group's destructor (it joins a thread that needs the GIL)."""
+        self.module = None
+        gc.collect()
 
     def inner(self) -> torch.nn.Module:
         """The Hugging Face model (itself under FSDP2, the module DDP wraps)."""

@@ -174,6 +174,8 @@ class ParallelTrainer:
                     dist.broadcast_object_list([(CLOSE, {})], src=0)
         finally:
             workers.close()
+            if hasattr(self, "local") and self.local.rank is not None:
+                self.local.rank.release()
             if dist.is_initialized():
                 dist.destroy_process_group()
             logger.info("trainer ranks closed (pid %d)", os.getpid())

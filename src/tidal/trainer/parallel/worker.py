@@ -42,6 +42,7 @@ def serve_rank(spec: dict[str, Any], rank: int, world: int, host: str, port: int
     torch.set_num_threads(int(spec["threads"]))
     device = rank_device(torch.device(spec["device"]), rank)
     join_as_worker(trainer_cfg.parallel, device, rank, world, host, port)
+    context: RankContext | None = None
     try:
         model = load_model(ModelConfig.model_validate(spec["model"]), device, dtype=getattr(torch, spec["dtype"])).model
         if trainer_cfg.lora.enabled:  # the same adapter layout as rank 0's; its values come with the broadcast
@@ -54,6 +55,8 @@ def serve_rank(spec: dict[str, Any], rank: int, world: int, host: str, port: int
                           max_tokens=spec["max_tokens"], rank=context)
         serve(trainer)
     finally:
+        if context is not None:
+            context.release()
         dist.destroy_process_group()
 
 
