@@ -3,6 +3,7 @@ and `trainer.lora` (a peft adapter trained instead of the full weights)."""
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -50,7 +51,7 @@ class ParallelConfig(_Section):
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ParallelConfig":
+    def _consistent(self) -> ParallelConfig:
         if self.strategy == "none" and self.world_size != 1:
             raise ValueError(
                 f"world_size={self.world_size} needs a strategy (ddp or fsdp2); strategy 'none' is one process"
@@ -85,7 +86,33 @@ class LoraConfig(_Section):
     )
 
     @model_validator(mode="after")
-    def _targets(self) -> "LoraConfig":
+    def _targets(self) -> LoraConfig:
         if isinstance(self.target_modules, list) and not self.target_modules:
             raise ValueError("target_modules is empty: name some modules, or use 'all-linear'")
         return self
+
+
+def check_world_size(cfg: ParallelConfig, device: str) -> None:
+    """Raise ValueError when `cfg.world_size` ranks cannot run here: more than the visible GPUs on
+    CUDA, more than the CPU cores on a CPU (each gloo rank needs a core of its own)."""
+    if cfg.strategy == "none":
+        return
+    import torch  # only for a parallel run
+
+    wants_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if wants_cuda:
+        gpus = torch.cuda.device_count()
+        if cfg.world_size > gpus:
+            raise ValueError(f"trainer.parallel.world_size={cfg.world_size}: this machine has {gpus} CUDA device(s); "
+                             "one rank per GPU")
+        if cfg.backend == "gloo" and cfg.strategy == "fsdp2":
+            raise ValueError("trainer.parallel.backend gloo: FSDP2 on CUDA needs nccl (use auto)")
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cfg.world_size > cores:
+        raise ValueError(f"trainer.parallel.world_size={cfg.world_size}: this machine has {cores} CPU core(s) for "
+                         "the trainer; on a CPU each rank is a process that needs a core")
+    if cfg.backend == "nccl":
+        raise ValueError("trainer.parallel.backend nccl needs CUDA; on a CPU the ranks use gloo (auto)")
+    if cfg.cpu_offload:
+        raise ValueError("trainer.parallel.cpu_offload: the model is on the CPU already")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tidal.config.scale import LoraConfig, ParallelConfig
+from tidal.config.scale import LoraConfig, ParallelConfig, check_world_size
 from tidal.domains.adaptive import AdaptiveWeightsConfig
 from tidal.domains.curriculum import CurriculumConfig
 from tidal.domains.normalize import NormaliserConfig
@@ -28,7 +28,7 @@ class TinyModelConfig(Section):
     max_position: int = Field(512, ge=64, le=1 << 20, description="max sequence length")
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "TinyModelConfig":
+    def _heads_divide(self) -> TinyModelConfig:
         if self.hidden_size % self.num_heads:
             raise ValueError("hidden_size must be divisible by num_heads")
         if self.num_heads % self.num_kv_heads:
@@ -109,7 +109,7 @@ class DomainConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _has_source(self) -> "DomainConfig":
+    def _has_source(self) -> DomainConfig:
         if self.family is None and not self.sources:
             raise ValueError("give a built-in `family` or task `sources`")
         if self.min_difficulty > self.max_difficulty:
@@ -154,7 +154,7 @@ class TasksConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _some_weight(self) -> "TasksConfig":
+    def _some_weight(self) -> TasksConfig:
         if not self.domains:
             raise ValueError("at least one domain is needed")
         if sum(d.weight for d in self.domains.values()) <= 0:
@@ -268,7 +268,7 @@ class AlgorithmConfig(Section):
         return value
 
     @model_validator(mode="after")
-    def _adaptive_kl_needs_a_start(self) -> "AlgorithmConfig":
+    def _adaptive_kl_needs_a_start(self) -> AlgorithmConfig:
         # The controller multiplies the coefficient: from 0 it could never move.
         if self.kl_target is not None and self.kl_coef <= 0:
             raise ValueError("kl_target needs kl_coef > 0 (the controller's starting value)")
@@ -563,7 +563,7 @@ class TidalConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig)
 
     @model_validator(mode="after")
-    def _overlong_inside_cap(self) -> "TidalConfig":
+    def _overlong_inside_cap(self) -> TidalConfig:
         if self.reward.overlong_buffer >= self.rollout.max_new_tokens:
             raise ValueError(
                 f"reward.overlong_buffer={self.reward.overlong_buffer} must be below rollout.max_new_tokens="
@@ -572,7 +572,7 @@ class TidalConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _parallel_supported(self) -> "TidalConfig":
+    def _parallel_supported(self) -> TidalConfig:
         parallel = self.trainer.parallel
         if parallel.strategy == "none":
             return self
@@ -581,13 +581,11 @@ class TidalConfig(Section):
         if self.algorithm.advantage in CRITIC_ADVANTAGES:
             raise ValueError(f"algorithm.advantage {self.algorithm.advantage!r} trains a value model, which runs in "
                              f"one process: use trainer.parallel.strategy none, or a critic-free estimator (grpo, ...)")
-        from tidal.trainer.parallel.launch import check_world_size  # torch, only for a parallel run
-
         check_world_size(parallel, self.model.device)
         return self
 
     @model_validator(mode="after")
-    def _lora_supported(self) -> "TidalConfig":
+    def _lora_supported(self) -> TidalConfig:
         if not self.trainer.lora.enabled:
             return self
         if self.trainer.parallel.strategy == "fsdp2":
@@ -601,7 +599,7 @@ class TidalConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _replay_has_weight(self) -> "TidalConfig":
+    def _replay_has_weight(self) -> TidalConfig:
         if self.replay.source != "none" and self.algorithm.replay_weight <= 0:
             raise ValueError("replay.source is set but algorithm.replay_weight is 0: give the replay loss a weight")
         if self.algorithm.replay_weight > 0 and self.replay.source == "none":

@@ -16,7 +16,11 @@ from typing import Any
 import torch
 
 from tidal.trainer.checkpoint import read_weights
-from tidal.trainer.parallel.state import full_weights, load_weights, save_sharded_optimizer
+from tidal.trainer.parallel.state import (
+    full_weights,
+    load_weights,
+    save_sharded_optimizer,
+)
 from tidal.trainer.trainer import Trainer
 
 CLOSE = "close"

@@ -24,39 +24,12 @@ import torch
 import torch.distributed as dist
 
 from tidal.config.scale import ParallelConfig
-from tidal.errors import ConfigError
+from tidal.trainer.parallel.join import JOIN_KEY, RankError
+
+__all__ = ["RankError", "Workers", "check_config", "start_ranks"]
 
 logger = logging.getLogger(__name__)
 
-JOIN_KEY = "tidal/joined/{rank}"
-
-
-class RankError(RuntimeError):
-    """A trainer rank failed: it exited, or could not join the group."""
-
-
-def check_world_size(cfg: ParallelConfig, device: str) -> None:
-    """Raise ValueError when `cfg.world_size` ranks cannot run here: more than the visible GPUs on
-    CUDA, more than the CPU cores on a CPU (each gloo rank needs a core of its own)."""
-    if cfg.strategy == "none":
-        return
-    wants_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if wants_cuda:
-        gpus = torch.cuda.device_count()
-        if cfg.world_size > gpus:
-            raise ValueError(f"trainer.parallel.world_size={cfg.world_size}: this machine has {gpus} CUDA device(s); "
-                             "one rank per GPU")
-        if cfg.backend == "gloo" and cfg.strategy == "fsdp2":
-            raise ValueError("trainer.parallel.backend gloo: FSDP2 on CUDA needs nccl (use auto)")
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if cfg.world_size > cores:
-        raise ValueError(f"trainer.parallel.world_size={cfg.world_size}: this machine has {cores} CPU core(s) for "
-                         "the trainer; on a CPU each rank is a process that needs a core")
-    if cfg.backend == "nccl":
-        raise ValueError("trainer.parallel.backend nccl needs CUDA; on a CPU the ranks use gloo (auto)")
-    if cfg.cpu_offload:
-        raise ValueError("trainer.parallel.cpu_offload: the model is on the CPU already")
 
 
 def check_config(cfg: Any) -> None:
@@ -148,27 +121,3 @@ def _wait_for_joins(store: dist.TCPStore, workers: Any, world: int, timeout_s: f
         if time.monotonic() > deadline:
             raise RankError(f"trainer ranks {sorted(waiting)} did not join within {timeout_s:.0f} s")
         time.sleep(0.05)
-
-
-def join_as_worker(cfg: ParallelConfig, device: torch.device, rank: int, world: int, host: str, port: int) -> None:
-    """In a worker: join the group rank 0 opened (its store at host:port)."""
-    store = dist.TCPStore(host, port, world, is_master=False, timeout=datetime.timedelta(seconds=cfg.timeout_s))
-    store.set(JOIN_KEY.format(rank=rank), "1")
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
-
-
-def die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when the process that started it dies (prctl PR_SET_PDEATHSIG)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        return
-    if os.getppid() == 1:  # the parent died before the prctl
-        os._exit(1)

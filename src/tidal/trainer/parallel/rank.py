@@ -225,7 +225,12 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def _fully_shard(model: torch.nn.Module, cfg: ParallelConfig, device: torch.device, world: int) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     mesh = init_device_mesh(device.type, (world,))
     options: dict[str, Any] = {

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from tidal.config.scale import ParallelConfig
-from tidal.trainer.parallel.launch import RankError
+from tidal.trainer.parallel.join import RankError
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +67,10 @@ def start_ray_ranks(cfg: ParallelConfig, spec: dict[str, Any], device: torch.dev
     """Place ranks 1..N-1 and start them serving; they join rank 0's store at this node's address."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from tidal.pipeline.backends.ray import import_ray
-
-    ray = import_ray()
+    try:
+        import ray
+    except ImportError as error:
+        raise RankError("trainer ranks on Ray need Ray: pip install 'tidal[ray]'") from error
     owns = not ray.is_initialized()
     if owns:
         if address is None:

@@ -37,7 +37,10 @@ def save_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimi
 def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
     """The checkpoint's optimizer state, sharded (DCP) or full (optimizer.pt), into `optimizer` of
     `model` whatever its layout (with ranks: a collective)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
 
     if (folder / OPTIMIZER_DCP).is_dir():
         import torch.distributed.checkpoint as dcp
@@ -83,7 +86,10 @@ def by_name(state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
     """Full `weights` (names as saved: tied weights once) into `model`, sharded or not."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+    )
 
     own = set(model.state_dict())
     weights = dict(weights)
@@ -111,6 +117,9 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights on rank 0 (on the CPU), gathered from the shards (a collective;
     other ranks get an empty dict)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -20,7 +20,7 @@ from tidal.config.schema import AlgorithmConfig, ModelConfig, TrainerConfig
 from tidal.models.io import load_model
 from tidal.trainer.lora import apply_lora
 from tidal.trainer.parallel.commands import serve
-from tidal.trainer.parallel.launch import die_with_parent, join_as_worker
+from tidal.trainer.parallel.join import die_with_parent, join_as_worker
 from tidal.trainer.parallel.rank import RankContext, broadcast_weights, rank_device
 from tidal.trainer.trainer import Trainer
 
