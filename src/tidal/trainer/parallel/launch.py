@@ -23,7 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tidal.config.scale import ParallelConfig
+from tidal.config.scale import ParallelConfig, check_world_size
+from tidal.errors import ConfigError
 from tidal.trainer.parallel.join import JOIN_KEY, RankError
 
 __all__ = ["RankError", "Workers", "check_config", "start_ranks"]
