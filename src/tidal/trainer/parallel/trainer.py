@@ -61,8 +61,8 @@ class ParallelTrainer:
         # The ranks must agree on the precision: rank 0 probes, the others are told.
         precision = choose_precision(trainer_cfg.precision, self.device, model)
         trainer_cfg = trainer_cfg.model_copy(update={"precision": "bf16" if precision.dtype is not None else "fp32"})
-        self.threads = torch.get_num_threads()
-        self.rank_threads = max(1, self.threads // parallel.world_size) if self.device.type == "cpu" else self.threads
+        threads = torch.get_num_threads()
+        self.rank_threads = max(1, threads // parallel.world_size) if self.device.type == "cpu" else threads
         spec = {
             "model": model_cfg.model_dump(mode="json"), "trainer": trainer_cfg.model_dump(mode="json"),
             "algorithm": algo_cfg.model_dump(mode="json"), "device": self.device.type, "total_steps": total_steps,
@@ -106,9 +106,7 @@ class ParallelTrainer:
         return self.local.optimizer
 
     def rl_step(self, batch: TrainBatch, replay: ReplayBatch | None = None) -> dict[str, float]:
-        batch = _on_cpu(batch)
-        result = self._command("rl_step", batch=batch, replay=replay)
-        return result
+        return self._command("rl_step", batch=_on_cpu(batch), replay=replay)
 
     def sft_step(self, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor) -> dict[str, float]:
         return self._command("sft_step", input_ids=input_ids.cpu(), attention_mask=attention_mask.cpu(),
