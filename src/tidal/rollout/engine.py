@@ -1,140 +1,59 @@
-"""The embedded rollout engine: batched sampling with a KV cache on the policy's own PyTorch model.
+"""The embedded rollout engine: continuous batching over paged KV on the policy's own PyTorch model.
 
-One `generate` call prefills each distinct prompt once, copies its KV cache to the prompt's `n`
-samples (prefix reuse: a GRPO group of 8 costs one prefill, not 8), then decodes all rows of the
-batch together, one token per step, dropping finished rows as it goes.
+`EmbeddedEngine` keeps keys and values in a pool of fixed-size blocks (rollout/blocks.py) with a
+prefix cache of full blocks, schedules sequences step by step (rollout/scheduler.py: requests
+join at any step and leave when they finish, long prompts are prefilled in chunks between decode
+steps, sequences are preempted and recomputed when blocks run out), and runs each step as one
+packed forward (rollout/paged.py). Every request has its own `SamplingParams`; a seeded one
+returns the same completions whatever else is in the batch (rollout/sampling.py).
 
-Log-probability convention (the trainer computes the same quantity when it recomputes old
-logprobs): for each sampled token, `log_softmax(logits / temperature)` at that token, taken BEFORE
-top-p truncation, with temperature 1 when sampling greedily (temperature 0).
+Two ways in: `generate(prompts, n, params)` (the `RolloutEngine` protocol: all prompts with one
+params, run to completion on the caller's thread) and `submit(request)` + `step()` (one step of
+everything submitted; the batcher drives it, adding requests between steps). docs/design/rollout.md.
 """
 
 from __future__ import annotations
 
-import inspect
-import math
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from dataclasses import replace
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tidal.errors import PreemptedError
-from tidal.rollout.kv import FlatCache, supports_flat_cache
-from tidal.rollout.lean import LeanCache, LeanDecoder
-from tidal.types import Completion, FinishReason
+from tidal.rollout.blocks import BlockPool, PoolStats
+from tidal.rollout.paged import Chunk, DecodeView, PagedDecoder, StepInput
+from tidal.rollout.sampling import (
+    Cancel, SamplingParams, TokenCallback, cut_at_stop, derived_seed, eos_ids,
+)
+from tidal.rollout.scheduler import KVPoolTooSmall, Request, RequestHandle, Scheduler
+from tidal.types import Completion
 
-SYNC_EVERY = 8  # on an accelerator, decode steps between looks at which rows are done
+__all__ = ["ACCELERATOR_BATCH_ROWS", "CPU_BATCH_ROWS", "Cancel", "EmbeddedEngine", "KVPoolTooSmall", "Request",
+           "RequestHandle", "SamplingParams", "TokenCallback"]
+
 CPU_BATCH_ROWS = 256  # default `max_batch_rows` on a CPU
 ACCELERATOR_BATCH_ROWS = 4096  # and on an accelerator
-
-# Called with (prompt index, sample index, token id) for each token as it is sampled, in step order
-# (the server streams from it). It runs on the generating thread, inside the decode loop: keep it cheap.
-TokenCallback = Callable[[int, int, int], None]
-
-
-class Cancel(Protocol):
-    """A flag a generation looks at before each decode step (a `threading.Event` is one)."""
-
-    def is_set(self) -> bool: ...
-
-
-@dataclass
-class SamplingParams:
-    """How to sample. Validated on creation."""
-
-    temperature: float = 1.0  # 0 = greedy (argmax)
-    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 = the whole distribution
-    max_new_tokens: int = 64  # completion length cap; reaching it gives finish_reason "length"
-    # Stop strings: generation ends at the token that completes one; `text` is cut before it, while
-    # `token_ids`/`logprobs` keep every sampled token (the trainer trains on what was sampled).
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None  # same seed, prompts, n and weights -> the same completions
-    ignore_eos: bool = False  # keep sampling past eos (benchmarks that need fixed lengths)
-
-    def __post_init__(self) -> None:
-        problems = []
-        if not (0.0 <= self.temperature <= 100.0) or math.isnan(self.temperature):
-            problems.append(f"temperature={self.temperature} must be in [0, 100] (0 = greedy)")
-        if not (0.0 < self.top_p <= 1.0):
-            problems.append(f"top_p={self.top_p} must be in (0, 1]")
-        if self.max_new_tokens < 1:
-            problems.append(f"max_new_tokens={self.max_new_tokens} must be >= 1")
-        if any(not s for s in self.stop):
-            problems.append("stop strings must not be empty")
-        if problems:
-            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
-
-
-@dataclass
-class _Unit:
-    """Samples [first, first + count) of one prompt, generated in one batch from one prefill."""
-
-    prompt: int
-    first: int
-    count: int
-
-
-@dataclass
-class _Decoding:
-    """One batch being decoded. R = output rows (a unit's samples, in unit order); b = the rows
-    still in the batch (and its cache), each a live output row until the batch is compacted."""
-
-    cache: DynamicCache | LeanCache
-    logits: Tensor  # (b, V) float32, of the token each batch row samples next
-    attention: Tensor  # (b, width + max_new) long, 1 on real (not left-padding) columns
-    next_position: Tensor  # (b,) long, the position of each batch row's next token
-    width: int  # prompt columns: every prompt ends at column width - 1
-    padded: bool  # whether some batch row has left padding (else no attention mask is needed)
-    tokens: Tensor  # (R, max_new) long, sampled tokens
-    logprobs: Tensor  # (R, max_new) float32, their logprobs
-    kept: Tensor  # (R,) long, tokens kept: max_new unless the row stopped
-    stopped: Tensor  # (R,) bool, whether the row stopped (eos or a stop string)
-    live: Tensor  # (b,) long, the output row of each batch row
-    alive: Tensor  # (b,) bool, batch rows still sampling
-
-    def compact(self, token: Tensor) -> Tensor:
-        """Drop the finished rows from the batch and its cache; returns `token` (b,) of the rows kept."""
-        keep = self.alive.nonzero().flatten()
-        self.cache.batch_select_indices(keep)
-        token, self.live, self.attention, self.next_position = (
-            token[keep], self.live[keep], self.attention[keep], self.next_position[keep]
-        )
-        self.alive = self.alive[keep]
-        self.padded = self.padded and not bool(self.attention[:, : self.width].all())
-        return token
-
-
-def _mark_finished(state: _Decoding, token: Tensor, step: int, eos: Tensor | None, stops: _StopChecker | None) -> None:
-    """Record the rows that `token` (b,) ends at `step`: an eos id (when `eos` is given) or a
-    completed stop string."""
-    alive = state.alive
-    finished = torch.isin(token, eos) & alive if eos is not None else torch.zeros_like(alive)
-    if stops is not None:
-        hits = stops.check(state.tokens, state.live, alive & ~finished, step)
-        if hits:
-            finished[torch.tensor(hits, device=finished.device)] = True
-    state.kept[state.live] = torch.where(finished, step + 1, state.kept[state.live])
-    state.stopped[state.live] |= finished
-    state.alive &= ~finished
+KV_BLOCK_SIZE = 16
+PREFILL_CHUNK = 512
+KV_MEMORY_FRACTION = 0.25  # of the memory free at start, for the block pool when kv_blocks is not given
+MAX_AUTO_BLOCKS = 1 << 16
 
 
 class EmbeddedEngine:
-    """Samples completions from a Hugging Face causal LM in this process (CPU or GPU).
+    """Samples completions from a Llama-family causal LM (Qwen2, Llama, Mistral) in this process.
 
     `model` may be the very object the trainer updates (then call `update_weights(None, version)`
     after each step) or a separate copy (pass the new weights to `update_weights`). It must already
-    be on `device`. Batches larger than `max_batch_rows` rows (prompts x samples) are generated in
-    several passes; by default 256 rows on a CPU (larger batches gain nothing there and use more
-    memory) and 4096 on an accelerator, where a decode step of 256 rows costs about what one of
-    4096 does (measured in bench/RESULTS.md, "Rollout on a GPU"). `kv_cache`: "auto" runs
-    Llama-family decoders through the lean forward (`rollout/lean.py`: the same arithmetic without
-    the module machinery, its own in-place cache), other models through their `transformers`
-    forward with the cache written in place (`FlatCache`) where the model's cache is plain full
-    attention, else `transformers`' `DynamicCache`; "flat" skips the lean forward; "dynamic"
-    forces the `transformers` forward with `DynamicCache`.
+    be on `device`. `max_batch_rows`: sequences decoding at once (256 on a CPU, 4096 on an
+    accelerator, where a step of 4096 rows costs about what one of 256 does: bench/RESULTS.md).
+    `kv_block_size` positions per KV block; `kv_blocks` blocks in the pool (None: a quarter of the
+    free memory, at most 65536); `prefill_chunk`: prompt tokens prefilled per step at most;
+    `prefix_cache`: keep and reuse full blocks across requests; `decode_attention`: "view" (a
+    contiguous copy of the decoding rows' blocks, kept in place) or "gather" (the blocks gathered
+    at every step), see rollout/paged.py. Other architectures: `tidal.rollout.static.StaticEngine`.
     """
 
     def __init__(
@@ -143,12 +62,25 @@ class EmbeddedEngine:
         tokenizer: PreTrainedTokenizerBase,
         device: torch.device | str | None = None,
         max_batch_rows: int | None = None,
-        kv_cache: Literal["auto", "flat", "dynamic"] = "auto",
+        kv_block_size: int = KV_BLOCK_SIZE,
+        kv_blocks: int | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
+        prefix_cache: bool = True,
+        decode_attention: str = "view",
     ) -> None:
+        problems = []
         if max_batch_rows is not None and max_batch_rows < 1:
-            raise ValueError(f"max_batch_rows={max_batch_rows} must be >= 1")
-        if kv_cache not in ("auto", "flat", "dynamic"):
-            raise ValueError(f"kv_cache={kv_cache!r} must be 'auto', 'flat' or 'dynamic'")
+            problems.append(f"max_batch_rows={max_batch_rows} must be >= 1")
+        if kv_block_size < 1:
+            problems.append(f"kv_block_size={kv_block_size} must be >= 1")
+        if kv_blocks is not None and kv_blocks < 1:
+            problems.append(f"kv_blocks={kv_blocks} must be >= 1")
+        if prefill_chunk < 1:
+            problems.append(f"prefill_chunk={prefill_chunk} must be >= 1")
+        if decode_attention not in ("view", "gather"):
+            problems.append(f"decode_attention={decode_attention!r} must be 'view' or 'gather'")
+        if problems:
+            raise ValueError("EmbeddedEngine: " + "; ".join(problems))
         self.model = model
         self.tokenizer = tokenizer
         model_device = next(model.parameters()).device
@@ -164,23 +96,33 @@ class EmbeddedEngine:
             max_batch_rows = CPU_BATCH_ROWS if model_device.type == "cpu" else ACCELERATOR_BATCH_ROWS
         self.max_batch_rows = max_batch_rows
         self.weight_version = 0
-        self.eos_ids = _eos_ids(model, tokenizer)
-        pad = tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
-        parameters = inspect.signature(model.forward).parameters
-        # transformers renamed `past_key_values` to `cache` in 5.x; accept either.
-        self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
-        self._keeps_last_logits = "logits_to_keep" in parameters
-        self._flat_cache = kv_cache in ("auto", "flat") and supports_flat_cache(model)
-        self._lean = LeanDecoder(model) if kv_cache == "auto" and LeanDecoder.supports(model) else None
+        self.eos_ids = eos_ids(model, tokenizer)
+        self._forward_pass = PagedDecoder(model)
+        dtype = model.get_input_embeddings().weight.dtype
+        layers, kv_heads, head_dim = self._forward_pass.num_layers, self._forward_pass.kv_heads, self._forward_pass.head_dim
+        if kv_blocks is None:
+            kv_blocks = _auto_blocks(model_device, layers * kv_block_size * kv_heads * head_dim * 2 * dtype.itemsize)
+        self.pool = BlockPool(layers, kv_blocks, kv_block_size, kv_heads, head_dim, dtype, model_device, prefix_cache)
+        view = DecodeView(layers, kv_heads, head_dim, dtype, model_device) if decode_attention == "view" else None
+        shared = torch.Generator(device=model_device)
+        shared.seed()
+        self._scheduler = Scheduler(self.pool, view, max_batch_rows, prefill_chunk, self.eos_ids, tokenizer, shared)
+        self._lock = threading.RLock()  # one driver at a time: generate() and the batcher's step()
 
-    # ---------------------------------------------------------------- public API
+    @property
+    def stats(self) -> PoolStats:
+        """Prompt tokens, cached/forked/recomputed tokens, preemptions and hit rates since the start."""
+        return self.pool.stats
+
+    # ---------------------------------------------------------------- weights
 
     def update_weights(self, state_dict: dict[str, Tensor] | None, version: int) -> None:
         """Copy `state_dict` (all or some of the model's tensors) into the model, then set `version`.
 
         `None` means the model object is shared with the trainer and already holds the new
-        weights: only the version changes.
+        weights: only the version changes. Either way the prefix cache is emptied: KV computed with
+        the old weights is wrong for the new ones. Sequences still running finish on the KV they
+        have and keep the version they started with.
         """
         if state_dict is not None:
             own = self.model.state_dict()
@@ -198,7 +140,12 @@ class EmbeddedEngine:
                             f"update_weights: {name} has shape {tuple(tensor.shape)}, the model's is {tuple(target.shape)}"
                         )
                     target.copy_(tensor)
-        self.weight_version = version
+        with self._lock:
+            self.weight_version = version
+            self._scheduler.version = version
+            self.pool.clear_cache()
+
+    # ---------------------------------------------------------------- whole calls
 
     @torch.inference_mode()
     def generate(
@@ -212,296 +159,142 @@ class EmbeddedEngine:
         """`n` completions for each prompt (token ids, e.g. from `render_prompt`).
 
         Returns one list per prompt, in order, each holding its `n` completions, all tagged with the
-        weight version current when the call started. With `params.seed` set, the same prompts, n,
-        params, weights, `max_batch_rows` and device give the same completions. `on_token`, when
-        given, sees every kept token as it is sampled (it does not change what is sampled).
-        `cancel`, when given, is looked at before each decode step: once it is set, the call
-        stops there and raises `PreemptedError`, keeping nothing (the scheduler's preemption).
+        weight version current when the call started. With `params.seed` set, prompt i's sample k
+        draws from the seed `derived_seed(derived_seed(seed, i), k)`, so the same prompts, params
+        and weights give the same completions, whatever the batch and `max_batch_rows`. `on_token`
+        sees every kept token as it is sampled. `cancel` is looked at before each step: once it is
+        set the call stops there and raises `PreemptedError`, keeping nothing.
         """
         params = params or SamplingParams()
-        if self._lean is not None and not self._lean.current():
-            self._lean = None  # its layers were replaced since (a LoRA adapter injected): the model's own forward
         if n < 1:
             raise ValueError(f"n={n} must be >= 1")
+        requests = []
         for index, prompt in enumerate(prompts):
-            if not prompt:
-                raise ValueError(f"prompt {index} is empty; a prompt needs at least one token")
-        generator = torch.Generator(device=self.device)
-        if params.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(params.seed)
+            seeded = params if params.seed is None else replace(params, seed=derived_seed(params.seed, index))
+            callback = None if on_token is None else _bind(on_token, index)
+            requests.append(Request(list(prompt), seeded, n, callback))
+        return [self.complete(handle) for handle in self.run(requests, cancel)]
 
-        version = self.weight_version
-        results: list[list[Completion | None]] = [[None] * n for _ in prompts]
-        was_training = self.model.training
-        self.model.eval()  # no dropout while sampling; the trainer's mode is restored below
-        try:
-            for batch in self._plan(prompts, n):
-                completed = self._generate_batch(batch, prompts, params, generator, version, on_token, cancel)
-                for unit, completions in zip(batch, completed):
-                    results[unit.prompt][unit.first : unit.first + unit.count] = completions
-        finally:
-            self.model.train(was_training)
-        return [[c for c in row if c is not None] for row in results]
+    def run(self, requests: list[Request], cancel: Cancel | None = None) -> list[RequestHandle]:
+        """Submit `requests` and step until they are done (requests of other callers submitted
+        meanwhile ride along); their handles, in order."""
+        with self._lock:
+            handles = [self.submit(request) for request in requests]
+            step = 0
+            try:
+                while not all(handle.done for handle in handles):
+                    if cancel is not None and cancel.is_set():
+                        rows = sum(request.n for request in requests)
+                        raise PreemptedError(f"generation stopped at decode step {step} of a batch of {rows} rows")
+                    self.step()
+                    step += 1
+            except BaseException:
+                for handle in handles:
+                    self.abort(handle)
+                raise
+        return handles
 
-    # ---------------------------------------------------------------- batching
+    # ---------------------------------------------------------------- step by step
 
-    def _plan(self, prompts: list[list[int]], n: int) -> list[list[_Unit]]:
-        """Split the work into batches of at most `max_batch_rows` rows, similar lengths together."""
-        units = [
-            _Unit(prompt=index, first=first, count=min(self.max_batch_rows, n - first))
-            for index in range(len(prompts))
-            for first in range(0, n, self.max_batch_rows)
-        ]
-        # Similar lengths share a batch, so little of it is left padding.
-        units.sort(key=lambda unit: len(prompts[unit.prompt]))
-        batches: list[list[_Unit]] = []
-        rows = 0
-        for unit in units:
-            if not batches or rows + unit.count > self.max_batch_rows:
-                batches.append([])
-                rows = 0
-            batches[-1].append(unit)
-            rows += unit.count
-        return batches
+    def submit(self, request: Request) -> RequestHandle:
+        """Queue `request`; it joins the batch at the next `step` with room for it."""
+        if not request.prompt:
+            raise ValueError("a prompt is empty; a prompt needs at least one token")
+        if request.n < 1:
+            raise ValueError(f"n={request.n} must be >= 1")
+        with self._lock:
+            return self._scheduler.submit(request, self.weight_version, self.max_batch_rows)
 
-    def _forward(
-        self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor, cache: DynamicCache | LeanCache
-    ) -> Tensor:
-        """Logits of the last position of each row, in float32: (B, V)."""
-        if self._lean is not None:
-            return self._lean.last_logits(input_ids, attention_mask, position_ids, cache)  # type: ignore[arg-type]
-        kwargs: dict[str, object] = {self._cache_arg: cache}
-        if self._keeps_last_logits:
-            kwargs["logits_to_keep"] = 1
-        output = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs
-        )
-        return output.logits[:, -1, :].float()
+    def abort(self, handle: RequestHandle) -> None:
+        """Stop `handle`'s request now, freeing its blocks; it returns nothing."""
+        with self._lock:
+            self._scheduler.abort(handle)
 
-    def _new_cache(self, capacity: int) -> DynamicCache | LeanCache:
-        if self._lean is not None:
-            return self._lean.new_cache(capacity)
-        if self._flat_cache:
-            return FlatCache(self.model.config, capacity)
-        return DynamicCache(config=self.model.config)
+    def busy(self) -> bool:
+        """Whether any submitted request is unfinished."""
+        return self._scheduler.busy()
 
-    def _generate_batch(
-        self,
-        units: list[_Unit],
-        prompts: list[list[int]],
-        params: SamplingParams,
-        generator: torch.Generator,
-        version: int,
-        on_token: TokenCallback | None = None,
-        cancel: Cancel | None = None,
-    ) -> list[list[Completion]]:
-        """The completions of one batch of units: one prefill of their prompts, then decoding."""
-        state = self._prefill(units, prompts, params.max_new_tokens)
-        self._decode(state, units, params, generator, on_token, cancel)
-        generated = state.kept.tolist()
-        reasons: list[FinishReason] = ["stop" if s else "length" for s in state.stopped.tolist()]
-        return self._completions(units, prompts, state.tokens, state.logprobs, generated, reasons, params, version)
+    @torch.inference_mode()
+    def step(self) -> list[RequestHandle]:
+        """One engine step of every submitted request; the handles that finished in it."""
+        with self._lock:
+            if not self._forward_pass.current():  # an adapter was injected since: read the new modules
+                self._forward_pass = PagedDecoder(self.model)
+            was_training = self.model.training
+            self.model.eval()  # no dropout while sampling; the trainer's mode is restored below
+            try:
+                return self._scheduler.step(self._forward)
+            finally:
+                self.model.train(was_training)
 
-    def _prefill(self, units: list[_Unit], prompts: list[list[int]], max_new: int) -> _Decoding:
-        """Run the units' prompts once, left-padded, and copy each one's cache row to its samples."""
-        device = self.device
-        lengths = [len(prompts[unit.prompt]) for unit in units]
-        width = max(lengths)
-        # Left padding: every prompt ends at column `width - 1`, so one decode step serves all rows.
-        input_ids = torch.full((len(units), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(units), width + max_new), dtype=torch.long)
-        for row, (unit, length) in enumerate(zip(units, lengths)):
-            input_ids[row, width - length :] = torch.tensor(prompts[unit.prompt], dtype=torch.long)
-            attention[row, width - length :] = 1
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        padded = min(lengths) < width
-        positions = (attention[:, :width].cumsum(-1) - 1).clamp(min=0)
-
-        cache = self._new_cache(width + max_new)
-        logits = self._forward(input_ids, attention[:, :width] if padded else None, positions, cache)
-
-        # Prefix reuse: each prompt's cache row is copied to its samples, not recomputed.
-        counts = torch.tensor([unit.count for unit in units], device=device)
-        source = torch.repeat_interleave(torch.arange(len(units), device=device), counts)
-        if len(source) != len(units):
-            cache.batch_select_indices(source)
-            logits, attention = logits[source], attention[source]
-        rows = len(source)
-        return _Decoding(
-            cache=cache,
-            logits=logits,
-            attention=attention,
-            next_position=torch.tensor(lengths, device=device)[source],
-            width=width,
-            padded=padded,
-            tokens=torch.zeros((rows, max_new), dtype=torch.long, device=device),
-            logprobs=torch.zeros((rows, max_new), dtype=torch.float32, device=device),
-            kept=torch.full((rows,), max_new, dtype=torch.long, device=device),
-            stopped=torch.zeros(rows, dtype=torch.bool, device=device),
-            live=torch.arange(rows, device=device),
-            alive=torch.ones(rows, dtype=torch.bool, device=device),
-        )
-
-    def _decode(
-        self,
-        state: _Decoding,
-        units: list[_Unit],
-        params: SamplingParams,
-        generator: torch.Generator,
-        on_token: TokenCallback | None,
-        cancel: Cancel | None,
-    ) -> None:
-        """Sample up to max_new_tokens tokens for every row of `state`, one step at a time,
-        recording them (and where each row stopped) in `state`."""
-        device = self.device
-        max_new = params.max_new_tokens
-        check_eos = bool(self.eos_ids) and not params.ignore_eos
-        eos = torch.tensor(self.eos_ids, device=device)
-        stops = _StopChecker(self.tokenizer, params.stop) if params.stop else None
-        ends = check_eos or stops is not None
-        # Output row -> (prompt index, sample index), for `on_token`.
-        owners = [(unit.prompt, unit.first + offset) for unit in units for offset in range(unit.count)]
-        # Reading a value back from an accelerator waits for its queue to drain, so there the
-        # loop looks at how many rows are done (to stop early or compact the batch) every few
-        # steps only; rows that ended meanwhile sample on, and what they sample is cut off (`kept`).
-        # Stop strings and `on_token` need the tokens on the host every step anyway.
-        look_every = 1 if device.type == "cpu" or stops is not None or on_token is not None else SYNC_EVERY
-
-        for step in range(max_new):
-            if cancel is not None and cancel.is_set():
-                rows = len(state.kept)
-                raise PreemptedError(f"generation stopped at decode step {step} of a batch of {rows} rows")
-            token, logprob = _sample(state.logits, params, generator)
-            state.tokens[state.live, step] = token
-            state.logprobs[state.live, step] = logprob
-            if on_token is not None:
-                # Rows already finished stay in the batch until it is compacted: skip them.
-                for out_row, token_id in zip(state.live[state.alive].tolist(), token[state.alive].tolist()):
-                    on_token(*owners[out_row], token_id)
-            if ends:
-                _mark_finished(state, token, step, eos if check_eos else None, stops)
-            if step + 1 == max_new:
-                break
-            if (step + 1) % look_every == 0 and ends:
-                dead = int((~state.alive).sum())
-                if dead == len(state.alive):
-                    break
-                # Dropping rows copies the cache, so wait until enough of the batch is finished.
-                if dead and dead * 8 >= len(state.alive):
-                    token = state.compact(token)
-            mask = state.attention[:, : state.width + step + 1] if state.padded else None
-            state.logits = self._forward(token[:, None], mask, state.next_position[:, None], state.cache)
-            state.next_position = state.next_position + 1
-
-    def _completions(
-        self,
-        units: list[_Unit],
-        prompts: list[list[int]],
-        tokens: Tensor,
-        logprobs: Tensor,
-        generated: list[int],
-        reasons: list[FinishReason],
-        params: SamplingParams,
-        version: int,
-    ) -> list[list[Completion]]:
-        token_lists = [row[:count] for row, count in zip(tokens.tolist(), generated)]
-        logprob_lists = [row[:count] for row, count in zip(logprobs.tolist(), generated)]
-        texts = self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
-        if params.stop:
-            texts = [_cut_at_stop(text, params.stop) for text in texts]
-        out: list[list[Completion]] = []
-        row = 0
-        for unit in units:
-            group = []
-            for _ in range(unit.count):
-                group.append(
-                    Completion(
-                        prompt_ids=list(prompts[unit.prompt]),
-                        token_ids=token_lists[row],
-                        logprobs=logprob_lists[row],
-                        text=texts[row],
-                        finish_reason=reasons[row],
-                        weight_version=version,
-                    )
-                )
-                row += 1
-            out.append(group)
+    def complete(self, handle: RequestHandle) -> list[Completion]:
+        """The `n` completions of a finished request, in sample order."""
+        request = handle.request
+        stop = request.params.stop
+        out = []
+        for sample in range(request.n):
+            tokens, logprobs, reason = handle.results[sample]
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            out.append(Completion(
+                prompt_ids=list(request.prompt), token_ids=list(tokens), logprobs=list(logprobs),
+                text=cut_at_stop(text, stop) if stop else text, finish_reason=reason, weight_version=handle.version,
+            ))
         return out
 
+    # ---------------------------------------------------------------- hooks
 
-# -------------------------------------------------------------------- sampling
+    @torch.inference_mode()
+    def score(self, context: list[int], draft: list[int]) -> Tensor:
+        """Logits (k + 1, V) float32 of the target model after `context` + each prefix of `draft`
+        (k tokens): row j scores the token following draft[:j]. One forward pass over the draft
+        on top of `context`'s KV (its cached prefix blocks reused, the rest computed, then let go:
+        nothing is kept). The hook for speculative decoding's verification."""
+        with self._lock:
+            pool, size = self.pool, self.pool.block_size
+            tokens = [*context, *draft]
+            root = hash(("tidal-kv", self.weight_version))
+            blocks, _ = pool.lookup(tokens, root, len(context) - 1)
+            held = list(blocks)
+            try:
+                past = len(blocks) * size
+                while len(held) * size < len(tokens):
+                    block = pool.allocate()
+                    if block is None:
+                        raise KVPoolTooSmall(f"score: {len(tokens)} tokens need more free KV blocks than the pool has")
+                    held.append(block)
+                slots = [block * size + offset for block in held for offset in range(size)][: len(tokens)]
+                count = len(tokens) - past
+                device = self.device
+                step = StepInput(
+                    tokens=torch.tensor(tokens[past:], device=device), positions=torch.arange(past, len(tokens), device=device),
+                    slots=torch.tensor(slots[past:], device=device), decode_rows=0,
+                    chunks=[Chunk(0, count, past, torch.tensor(slots, device=device))],
+                    logit_rows=torch.arange(count - len(draft) - 1, count, device=device),
+                )
+                return self._forward(step)
+            finally:
+                pool.release(held)
+
+    def _forward(self, step: StepInput) -> Tensor:
+        return self._forward_pass.forward(step, self.pool, self._scheduler.view)
 
 
-def _sample(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """One token per row and its logprob (see the module docstring): logits (B, V) -> (B,), (B,)."""
-    if params.temperature == 0:
-        logp = torch.log_softmax(logits, dim=-1)
-        token = logits.argmax(dim=-1)
+def _bind(on_token: TokenCallback, prompt: int) -> Callable[[int, int], None]:
+    return lambda sample, token: on_token(prompt, sample, token)
+
+
+def _auto_blocks(device: torch.device, block_bytes: int) -> int:
+    """Blocks that fit in KV_MEMORY_FRACTION of the memory free now, at most MAX_AUTO_BLOCKS."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
     else:
-        logp = torch.log_softmax(logits / params.temperature, dim=-1)
-        probs = logp.exp()
-        if params.top_p < 1.0:
-            probs = _top_p(probs, params.top_p)
-        token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    return token, logp.gather(1, token[:, None]).squeeze(1)
-
-
-def _top_p(probs: Tensor, top_p: float) -> Tensor:
-    """Zero all but the smallest set of most likely tokens whose mass reaches `top_p`: (B, V)."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)  # the top token always stays
-    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-
-
-class _StopChecker:
-    """Finds rows whose completion now contains a stop string, decoding only a recent window."""
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str]) -> None:
-        self.tokenizer = tokenizer
-        self.stop = stop
-        # A token holds at least one byte, so this many tokens cover any stop string plus a token
-        # split at the window's edge.
-        self.window = max(len(s.encode("utf-8")) for s in stop) + 2
-
-    def check(self, tokens: Tensor, live: Tensor, candidates: Tensor, step: int) -> list[int]:
-        """Batch rows (of `candidates`) whose last `window` tokens decode to text with a stop string."""
-        batch_rows = candidates.nonzero().flatten().tolist()
-        if not batch_rows:
-            return []
-        start = max(0, step + 1 - self.window)
-        out_rows = live[batch_rows].tolist()
-        windows = tokens[out_rows, start : step + 1].tolist()
-        texts = self.tokenizer.batch_decode(windows, skip_special_tokens=True)
-        hits = [row for row, text in zip(batch_rows, texts) if any(s in text for s in self.stop)]
-        if not hits or start == 0:
-            return hits
-        # A window can mis-decode a multi-byte character at its left edge; confirm on the full text.
-        confirmed = []
-        for row in hits:
-            full = self.tokenizer.decode(tokens[int(live[row]), : step + 1].tolist(), skip_special_tokens=True)
-            if any(s in full for s in self.stop):
-                confirmed.append(row)
-        return confirmed
-
-
-def _cut_at_stop(text: str, stop: list[str]) -> str:
-    """`text` up to (not including) the earliest stop string."""
-    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-    return text if cut < 0 else text[:cut]
-
-
-def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Every id that ends a completion: the tokenizer's eos plus the generation config's (often a list)."""
-    ids: list[int] = []
-    candidates: list[object] = [tokenizer.eos_token_id]
-    generation_config = getattr(model, "generation_config", None)
-    if generation_config is not None:
-        candidates.append(generation_config.eos_token_id)
-    for candidate in candidates:
-        for value in candidate if isinstance(candidate, (list, tuple)) else [candidate]:
-            if value is not None and int(value) not in ids:
-                ids.append(int(value))
-    return ids
+        free = 8 << 30
+        try:
+            with open("/proc/meminfo") as meminfo:
+                for line in meminfo:
+                    if line.startswith("MemAvailable:"):
+                        free = int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return max(1, min(MAX_AUTO_BLOCKS, int(free * KV_MEMORY_FRACTION) // block_bytes))

@@ -126,8 +126,9 @@ class LeanDecoder:
         self._modules = [id(module) for module in _projections(model)]
 
     @staticmethod
-    def supports(model: torch.nn.Module) -> bool:
-        """Whether `model` is a plain Llama-family decoder this forward computes exactly."""
+    def supports(model: torch.nn.Module, plain_projections: bool = True) -> bool:
+        """Whether `model` is a plain Llama-family decoder this forward computes exactly
+        (`plain_projections=False`: whatever modules stand in for its projections)."""
         config = getattr(model, "config", None)
         if config is None or getattr(config, "model_type", None) not in SUPPORTED:
             return False
@@ -152,7 +153,7 @@ class LeanDecoder:
             return False
         # Plain nn.Linear projections only: a LoRA layer (peft) exposes its base layer's `weight`,
         # and reading that alone would sample from the base model, the adapter ignored.
-        return all(isinstance(module, torch.nn.Linear) for module in _projections(model))
+        return not plain_projections or all(isinstance(module, torch.nn.Linear) for module in _projections(model))
 
     def current(self) -> bool:
         """Whether the model still holds the projection modules this forward read (an adapter

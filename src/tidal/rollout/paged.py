@@ -1,0 +1,223 @@
+"""The engine's forward pass: one packed step of decode rows and prefill chunks over paged KV.
+
+A step's tokens are packed into one (N, H) activation, N = the decode rows (one token each) plus
+the tokens of this step's prefill chunks, so every projection of the step is one matrix product
+whatever mix of sequences it serves. The arithmetic is the Llama family's (Qwen2, Llama, Mistral
+without sliding windows), as in rollout/lean.py: RMSNorm, q/k/v projections, the model's own
+rotary embeddings, grouped-query attention with `scaled_dot_product_attention`, SwiGLU. A
+projection that is a plain `nn.Linear` is computed from its weight directly; any other module in
+its place (a LoRA layer) is called, so adapters are sampled as the trainer sees them.
+
+Attention: each token's keys and values are written to its slot of the `BlockPool`. Decode rows
+attend through a `DecodeView`, a contiguous (rows, kv_heads, capacity, head_dim) copy of their
+blocks kept up to date in place (a row's blocks are gathered into it once, when it starts
+decoding; each step writes one position per row). Gathering every row's blocks at every step
+instead (`decode_attention="gather"`) reads the whole cache twice per step; on a CPU the view is
+faster (bench/RESULTS.md, "Rollout engine"). Each prefill chunk gathers its sequence's earlier
+blocks once and attends causally. On CUDA the same `scaled_dot_product_attention` calls dispatch
+to the flash or memory-efficient kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from tidal.rollout.blocks import BlockPool
+from tidal.rollout.lean import SUPPORTED, LeanDecoder, _norm, _projections, _swap_halves
+
+Projection = Callable[[Tensor], Tensor]
+
+
+@dataclass
+class Chunk:
+    """One sequence's prefill chunk in a packed step."""
+
+    start: int  # its first token's index in the pack
+    tokens: int  # T, tokens in this chunk
+    past: int  # P, tokens of the sequence already in the pool
+    key_slots: Tensor  # (P + T,) long, pool slots of every key the chunk attends to, in order
+
+
+@dataclass
+class StepInput:
+    """What one packed forward computes: decode rows first, then prefill chunks."""
+
+    tokens: Tensor  # (N,) long
+    positions: Tensor  # (N,) long
+    slots: Tensor  # (N,) long, the pool slot each token's keys and values are written to
+    decode_rows: int  # D: tokens [0, D) are decode rows, row i in the decode view's row i
+    decode_lengths: list[int] = field(default_factory=list)  # (D,) keys each decode row attends to
+    decode_key_slots: Tensor | None = None  # (D, max length) pool slots of their keys ("gather" only)
+    chunks: list[Chunk] = field(default_factory=list)
+    logit_rows: Tensor | None = None  # (R,) long, pack indices whose logits to return
+
+
+class DecodeView:
+    """Decoding rows' keys and values, contiguous per layer: (rows, kv_heads, capacity, head_dim)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.layers, self.kv_heads, self.head_dim, self.dtype, self.device = layers, kv_heads, head_dim, dtype, device
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.rows = self.capacity = 0
+
+    def reserve(self, rows: int, capacity: int) -> None:
+        """Room for `rows` rows of `capacity` positions, keeping what is there (grows by doubling)."""
+        if rows <= self.rows and capacity <= self.capacity:
+            return
+        allocated = bool(self.keys)
+        new_rows, new_capacity = max(rows, 2 * self.rows, 1), max(capacity, 2 * self.capacity)
+        shape = (new_rows, self.kv_heads, new_capacity, self.head_dim)
+        for store in (self.keys, self.values):
+            for layer in range(self.layers):
+                # Zeros, not empty: a masked-out position still enters sdpa's product as 0 * value,
+                # and uninitialised memory can hold NaN.
+                grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                if allocated:
+                    grown[: self.rows, :, : self.capacity] = store[layer]
+                    store[layer] = grown
+                else:
+                    store.append(grown)
+        self.rows, self.capacity = new_rows, new_capacity
+
+    def load(self, pool: BlockPool, row: int, slots: Tensor) -> None:
+        """Row `row` := the keys and values at pool `slots` (L,), positions [0, L)."""
+        length = slots.shape[0]
+        for layer in range(self.layers):
+            keys, values = pool.gather(layer, slots)  # (L, kv_heads, D)
+            self.keys[layer][row, :, :length] = keys.transpose(0, 1)
+            self.values[layer][row, :, :length] = values.transpose(0, 1)
+
+    def move(self, source: int, target: int, length: int) -> None:
+        """Row `target` := row `source`'s first `length` positions (a finished row's place refilled)."""
+        for store in (self.keys, self.values):
+            for layer in range(self.layers):
+                store[layer][target, :, :length] = store[layer][source, :, :length]
+
+
+class PagedDecoder:
+    """The packed paged forward of one model (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        if not self.supports(model):
+            raise ValueError(
+                f"the paged engine runs Llama-family decoders ({', '.join(SUPPORTED)}), not {type(model).__name__}; "
+                "use tidal.rollout.static.StaticEngine, which runs any transformers causal LM through its own forward"
+            )
+        config, inner = model.config, model.model
+        self.model = model
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        first = inner.layers[0].self_attn
+        self.head_dim = int(first.head_dim)
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.scaling = float(getattr(first, "scaling", self.head_dim**-0.5))
+        self.num_layers = len(inner.layers)
+        self._modules = _module_ids(model)
+        self.head = _projection(model.lm_head)
+        self.final_norm, self.final_eps = inner.norm.weight, float(inner.norm.variance_epsilon)
+        self.layers = []
+        for layer in inner.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            self.layers.append((
+                layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon),
+                _projection(attention.q_proj), _projection(attention.k_proj), _projection(attention.v_proj),
+                _projection(attention.o_proj),
+                layer.post_attention_layernorm.weight, float(layer.post_attention_layernorm.variance_epsilon),
+                _projection(mlp.gate_proj), _projection(mlp.up_proj), _projection(mlp.down_proj),
+            ))
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        """Whether `model` is a Llama-family decoder this forward computes (any projection modules)."""
+        return LeanDecoder.supports(model, plain_projections=False)
+
+    def current(self) -> bool:
+        """Whether the model still holds the modules this forward read (an adapter injected since replaces them)."""
+        return _module_ids(self.model) == self._modules
+
+    def forward(self, step: StepInput, pool: BlockPool, view: DecodeView | None) -> Tensor:
+        """Logits (R, V) float32 at `step.logit_rows`; every token's keys and values are written
+        to its pool slot (and the decode rows' to `view`, when given)."""
+        count = step.tokens.shape[0]
+        decode = step.decode_rows
+        hidden = self.embed(step.tokens)  # (N, H)
+        cos, sin = self.rotary(hidden[None], step.positions[None])  # (1, N, D) each
+        half = cos.shape[-1] // 2
+        cos, sin = cos[0, :, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[0, :, None]  # (N, 1, D)
+        decode_mask = _length_mask(step.decode_lengths, hidden.device) if decode else None
+        positions = step.positions[:decode]
+        rows = torch.arange(decode, device=hidden.device)
+        longest = max(step.decode_lengths, default=0)
+        chunk_masks = [_chunk_mask(chunk, hidden.device) for chunk in step.chunks]
+        gqa = self.kv_heads != self.heads
+        for index, (norm1, eps1, q_proj, k_proj, v_proj, o_proj, norm2, eps2, gate, up, down) in enumerate(self.layers):
+            normed = _norm(hidden, norm1, eps1)
+            q = q_proj(normed).view(count, self.heads, self.head_dim)
+            k = k_proj(normed).view(count, self.kv_heads, self.head_dim)
+            v = v_proj(normed).view(count, self.kv_heads, self.head_dim)
+            q = q * cos + _swap_halves(q) * sin
+            k = k * cos + _swap_halves(k) * sin
+            pool.keys[index][step.slots] = k
+            pool.values[index][step.slots] = v
+            attended = torch.empty_like(q)  # (N, heads, D)
+            if decode:
+                if view is not None:
+                    view.keys[index][rows, :, positions] = k[:decode]
+                    view.values[index][rows, :, positions] = v[:decode]
+                    keys = view.keys[index][:decode, :, :longest]  # (D, kv_heads, L, head_dim)
+                    values = view.values[index][:decode, :, :longest]
+                else:
+                    assert step.decode_key_slots is not None
+                    keys, values = pool.gather(index, step.decode_key_slots)  # (D, L, kv_heads, head_dim)
+                    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
+                attended[:decode] = F.scaled_dot_product_attention(
+                    q[:decode, :, None], keys, values, attn_mask=decode_mask, scale=self.scaling, enable_gqa=gqa
+                )[:, :, 0]
+            for chunk, mask in zip(step.chunks, chunk_masks):
+                keys, values = pool.gather(index, chunk.key_slots)  # (P + T, kv_heads, head_dim)
+                queries = q[chunk.start : chunk.start + chunk.tokens].transpose(0, 1)[None]  # (1, heads, T, D)
+                out = F.scaled_dot_product_attention(
+                    queries, keys.transpose(0, 1)[None], values.transpose(0, 1)[None], attn_mask=mask,
+                    is_causal=mask is None and chunk.tokens > 1, scale=self.scaling, enable_gqa=gqa,
+                )  # (1, heads, T, D)
+                attended[chunk.start : chunk.start + chunk.tokens] = out[0].transpose(0, 1)
+            hidden = hidden + o_proj(attended.view(count, -1))
+            normed = _norm(hidden, norm2, eps2)
+            hidden = hidden + down(F.silu(gate(normed)) * up(normed))
+        assert step.logit_rows is not None
+        last = _norm(hidden[step.logit_rows], self.final_norm, self.final_eps)  # (R, H)
+        return self.head(last).float()  # (R, V)
+
+
+def _projection(module: torch.nn.Module) -> Projection:
+    if type(module) is torch.nn.Linear:
+        return partial(F.linear, weight=module.weight, bias=module.bias)
+    return module
+
+
+def _module_ids(model: torch.nn.Module) -> list[int]:
+    return [id(module) for module in _projections(model)]
+
+
+def _length_mask(lengths: list[int], device: torch.device) -> Tensor | None:
+    """(D, 1, 1, L) bool: key j visible to decode row i when j < lengths[i]; None when all are equal."""
+    if min(lengths) == max(lengths):
+        return None
+    keys = torch.arange(max(lengths), device=device)[None, :]
+    return (keys < torch.tensor(lengths, device=device)[:, None])[:, None, None, :]
+
+
+def _chunk_mask(chunk: Chunk, device: torch.device) -> Tensor | None:
+    """(T, P + T) bool causal mask of a chunk after P cached positions; None when P = 0 (sdpa's own)."""
+    if chunk.past == 0:
+        return None
+    queries = torch.arange(chunk.past, chunk.past + chunk.tokens, device=device)[:, None]
+    return torch.arange(chunk.past + chunk.tokens, device=device)[None, :] <= queries

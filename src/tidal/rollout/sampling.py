@@ -1,0 +1,167 @@
+"""How tokens are drawn: `SamplingParams`, per-row sampling from a batch of logits, stop strings.
+
+Log-probability convention (the trainer computes the same quantity when it recomputes old
+logprobs): for each sampled token, `log_softmax(logits / temperature)` at that token, taken BEFORE
+top-p truncation, with temperature 1 when sampling greedily (temperature 0).
+
+Every row of a batch carries its own temperature and top-p, and a seeded row draws from its own
+`torch.Generator`, so what it samples depends on its own logits and seed only, never on the other
+rows of the batch; unseeded rows share one generator and one `multinomial` call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+# Called with (prompt index, sample index, token id) for each token as it is sampled, in step order
+# (the server streams from it). It runs on the generating thread, inside the decode loop: keep it cheap.
+TokenCallback = Callable[[int, int, int], None]
+
+
+class Cancel(Protocol):
+    """A flag a generation looks at before each decode step (a `threading.Event` is one)."""
+
+    def is_set(self) -> bool: ...
+
+
+@dataclass
+class SamplingParams:
+    """How to sample. Validated on creation."""
+
+    temperature: float = 1.0  # 0 = greedy (argmax)
+    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 = the whole distribution
+    max_new_tokens: int = 64  # completion length cap; reaching it gives finish_reason "length"
+    # Stop strings: generation ends at the token that completes one; `text` is cut before it, while
+    # `token_ids`/`logprobs` keep every sampled token (the trainer trains on what was sampled).
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None  # same seed, prompt and weights -> the same completions, whatever the batch
+    ignore_eos: bool = False  # keep sampling past eos (benchmarks that need fixed lengths)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (0.0 <= self.temperature <= 100.0) or math.isnan(self.temperature):
+            problems.append(f"temperature={self.temperature} must be in [0, 100] (0 = greedy)")
+        if not (0.0 < self.top_p <= 1.0):
+            problems.append(f"top_p={self.top_p} must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            problems.append(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if any(not s for s in self.stop):
+            problems.append("stop strings must not be empty")
+        if problems:
+            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
+
+
+def derived_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed for one row from a request's seed and the row's place (prompt, sample):
+    splitmix64 steps, so neighbouring places get unrelated streams."""
+    value = seed & 0xFFFFFFFFFFFFFFFF
+    for part in parts:
+        value = (value ^ (part + 0x9E3779B97F4A7C15 + (value << 6) + (value >> 2))) & 0xFFFFFFFFFFFFFFFF
+        value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        value ^= value >> 31
+    return value & 0x7FFFFFFFFFFFFFFF
+
+
+def sample_rows(
+    logits: Tensor, temperature: Sequence[float], top_p: Sequence[float],
+    generators: Sequence[torch.Generator | None], shared: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """One token per row and its logprob (module docstring): logits (R, V) float32 -> (R,), (R,).
+    Row r samples at `temperature[r]` (0: argmax) with nucleus `top_p[r]`, drawing from
+    `generators[r]`, or from `shared` when that is None."""
+    rows = logits.shape[0]
+    device = logits.device
+    greedy = [t == 0 for t in temperature]
+    scale = torch.tensor([1.0 if g else t for g, t in zip(greedy, temperature)], device=device)
+    logp = torch.log_softmax(logits if all(greedy) else logits / scale[:, None], dim=-1)  # (R, V)
+    token = torch.empty(rows, dtype=torch.long, device=device)
+    sampled = [r for r in range(rows) if not greedy[r]]
+    if len(sampled) < rows:
+        chosen = [r for r in range(rows) if greedy[r]]
+        token[chosen] = logits[chosen].argmax(dim=-1)
+    if sampled:
+        probs = logp[sampled].exp()  # (S, V)
+        nucleus = [i for i, r in enumerate(sampled) if top_p[r] < 1.0]
+        if nucleus:
+            masses = torch.tensor([top_p[sampled[i]] for i in nucleus], device=device)
+            probs[nucleus] = _top_p(probs[nucleus], masses)
+        draws = torch.empty(len(sampled), dtype=torch.long, device=device)
+        shared_rows = [i for i, r in enumerate(sampled) if generators[r] is None]
+        if shared_rows:
+            draws[shared_rows] = torch.multinomial(probs[shared_rows], 1, generator=shared).squeeze(1)
+        for i, r in enumerate(sampled):
+            generator = generators[r]
+            if generator is not None:
+                draws[i] = torch.multinomial(probs[i : i + 1], 1, generator=generator)[0, 0]
+        token[sampled] = draws
+    return token, logp.gather(1, token[:, None]).squeeze(1)
+
+
+def _top_p(probs: Tensor, top_p: Tensor) -> Tensor:
+    """Zero all but the smallest set of most likely tokens whose mass reaches `top_p` (R,) of each
+    row: (R, V)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[:, None], 0.0)  # the top token always stays
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Every row of `logits` (B, V) with the same `params` and one `generator`: (B,), (B,)."""
+    if params.temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        token = logits.argmax(dim=-1)
+    else:
+        logp = torch.log_softmax(logits / params.temperature, dim=-1)
+        probs = logp.exp()
+        if params.top_p < 1.0:
+            probs = _top_p(probs, torch.full((probs.shape[0],), params.top_p, device=probs.device))
+        token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return token, logp.gather(1, token[:, None]).squeeze(1)
+
+
+def stop_window(stop: list[str]) -> int:
+    """Tokens enough to hold any of `stop` plus a token split at the window's edge (a token holds
+    at least one byte)."""
+    return max(len(s.encode("utf-8")) for s in stop) + 2
+
+
+def hits_stop(tokenizer: PreTrainedTokenizerBase, tokens: list[int], stop: list[str]) -> bool:
+    """Whether the text of `tokens` now contains one of `stop`, decoding only a recent window (and
+    the whole text to confirm, since a window can mis-decode a multi-byte character at its edge)."""
+    start = max(0, len(tokens) - stop_window(stop))
+    text = tokenizer.decode(tokens[start:], skip_special_tokens=True)
+    if not any(s in text for s in stop):
+        return False
+    if start == 0:
+        return True
+    full = tokenizer.decode(tokens, skip_special_tokens=True)
+    return any(s in full for s in stop)
+
+
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    """`text` up to (not including) the earliest stop string."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
+def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every id that ends a completion: the tokenizer's eos plus the generation config's (often a list)."""
+    ids: list[int] = []
+    candidates: list[object] = [tokenizer.eos_token_id]
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        candidates.append(generation_config.eos_token_id)
+    for candidate in candidates:
+        for value in candidate if isinstance(candidate, (list, tuple)) else [candidate]:
+            if value is not None and int(value) not in ids:
+                ids.append(int(value))
+    return ids

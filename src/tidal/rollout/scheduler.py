@@ -1,0 +1,407 @@
+"""Continuous batching over the block pool: which sequences run in each engine step.
+
+Each `step` runs every decoding sequence one token further and up to `prefill_chunk` prompt
+tokens of waiting sequences, in one packed forward (rollout/paged.py). A request joins at whichever
+step has room for its rows (`max_rows`) and blocks, and its sequences leave, freeing their blocks,
+the step they finish. A group (one prompt, `n` samples) is prefilled as one sequence; when its
+prompt is done the other samples fork from it, sharing its full blocks and copying the partial last
+one, and each samples its first token from the same logits. At admission a sequence takes the
+longest cached run of its full prompt blocks from the prefix cache (rollout/blocks.py) and
+computes only the rest, at least its last token, whose logits it samples from.
+
+Preemption by recompute: when a decoding sequence needs a block and none is free or evictable,
+the most recently admitted sequence (prefilling ones first, by the same order) gives its blocks
+back and goes to the front of the queue with its generated tokens appended to its prompt; it
+keeps its tokens, logprobs and random generator, so once re-prefilled it samples on exactly as if
+it had never stopped. A pool too small for even one sequence is a typed error, never an OOM.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from tidal.rollout.blocks import BlockPool
+from tidal.rollout.paged import Chunk, DecodeView, StepInput
+from tidal.rollout.sampling import SamplingParams, derived_seed, hits_stop, sample_rows
+from tidal.types import FinishReason
+
+
+class KVPoolTooSmall(RuntimeError):
+    """A single sequence needs more KV blocks than the whole pool holds."""
+
+
+@dataclass
+class Request:
+    """`n` completions of one prompt (token ids), sampled with `params`. A seeded request's sample
+    k draws from a generator seeded with `derived_seed(params.seed, k)`, so it returns the same
+    tokens whatever else shares the batch. `on_token(sample, token_id)` sees each kept token."""
+
+    prompt: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1
+    on_token: Callable[[int, int], None] | None = None
+
+
+@dataclass
+class Sequence:
+    """One sample of a request: its tokens, its KV blocks and where it is in the schedule."""
+
+    handle: RequestHandle
+    sample: int
+    tokens: list[int]  # prompt, then generated tokens (after a preemption, all are re-prefilled)
+    generator: torch.Generator | None  # None: the engine's shared generator
+    forks: list[int]  # samples of the same group to fork from this one when its prompt is done
+    admitted: int = -1  # admission order (-1: waiting); the newest is preempted first
+    computed: int = 0  # tokens whose keys and values are in the pool
+    blocks: list[int] = field(default_factory=list)  # block table
+    hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks, in order
+    logprobs: list[float] = field(default_factory=list)
+    row: int = -1  # its row in the decode view while decoding
+    fresh: bool = True  # not admitted before (a preempted sequence's second prefill is a recompute)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[len(self.handle.request.prompt):]
+
+
+@dataclass
+class RequestHandle:
+    """A submitted request: its finished samples fill `results` (sample -> (tokens, logprobs, reason))."""
+
+    request: Request
+    version: int  # the weight version current at submission, which tags its completions
+    results: dict[int, tuple[list[int], list[float], FinishReason]] = field(default_factory=dict)
+    live: list[Sequence] = field(default_factory=list)
+    aborted: bool = False
+
+    @property
+    def done(self) -> bool:
+        return len(self.results) == self.request.n
+
+
+class Scheduler:
+    """Waiting, prefilling and decoding sequences over one `BlockPool` (module docstring)."""
+
+    def __init__(self, pool: BlockPool, view: DecodeView | None, max_rows: int, prefill_chunk: int,
+                 eos_ids: list[int], tokenizer: object, shared: torch.Generator) -> None:
+        self.pool, self.view, self.max_rows, self.prefill_chunk = pool, view, max_rows, prefill_chunk
+        self.eos_ids, self.tokenizer, self.shared = set(eos_ids), tokenizer, shared
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: list[Sequence] = []
+        self.decoding: list[Sequence] = []  # in decode-view row order
+        self.version = 0
+        self._admissions = 0
+
+    # ---------------------------------------------------------------- requests in and out
+
+    def submit(self, request: Request, version: int, max_rows: int) -> RequestHandle:
+        """Queue `request`'s samples, as groups of at most `max_rows` forked from one prefill each."""
+        handle = RequestHandle(request, version)
+        seed = request.params.seed
+        for first in range(0, request.n, max_rows):
+            samples = list(range(first, min(request.n, first + max_rows)))
+            sequence = Sequence(handle, samples[0], list(request.prompt), self._generator(seed, samples[0]), samples[1:])
+            handle.live.append(sequence)
+            self.waiting.append(sequence)
+        return handle
+
+    def abort(self, handle: RequestHandle) -> None:
+        """Drop every sequence of `handle`, freeing its blocks (a cancelled call, a gone client)."""
+        handle.aborted = True
+        for sequence in list(handle.live):
+            self._evict(sequence)
+        handle.live.clear()
+
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding)
+
+    def rows(self) -> int:
+        """Rows running now (decoding, and prefilling groups with their forks to come)."""
+        return len(self.decoding) + sum(1 + len(s.forks) for s in self.prefilling)
+
+    # ---------------------------------------------------------------- one step
+
+    def step(self, forward: Callable[[StepInput], Tensor]) -> list[RequestHandle]:
+        """Run one engine step; returns the handles that finished in it."""
+        self._make_room_for_decoding()
+        chunks = self._plan_prefill()
+        while not self.decoding and not chunks and len(self.prefilling) > 1:
+            self._preempt(self._victim())  # prefills holding each other's blocks: let the oldest go on
+            chunks = self._plan_prefill()
+        if not self.decoding and not chunks:
+            if self.waiting or self.prefilling:
+                stuck = (self.prefilling or list(self.waiting))[0]
+                needed = -(-len(stuck.tokens) // self.pool.block_size)
+                raise KVPoolTooSmall(
+                    f"a sequence of {len(stuck.tokens)} tokens needs {needed} KV blocks of "
+                    f"{self.pool.block_size} positions but the pool has {self.pool.num_blocks}; raise rollout.kv_blocks"
+                )
+            return []
+        step, finishing = self._step_input(chunks)
+        logits = forward(step)  # (decoding + finishing prefills, V)
+        decoding = list(self.decoding)
+        for sequence in decoding:
+            self._computed(sequence, sequence.computed + 1)
+        for sequence, tokens in chunks:
+            self._computed(sequence, sequence.computed + tokens)
+        for sequence in finishing:  # off the lists first: a fork's preemption must not pick them
+            self.prefilling.remove(sequence)
+        rows = list(decoding)
+        sources = list(range(len(decoding)))
+        for index, sequence in enumerate(finishing):
+            children = self._fork(sequence)
+            self._start_decoding(sequence, None)
+            for child in children:
+                self._start_decoding(child, sequence.row)
+            rows += [sequence, *children]
+            sources += [len(decoding) + index] * (1 + len(children))
+        if sources != list(range(logits.shape[0])):
+            logits = logits[torch.tensor(sources, device=logits.device)]
+        return self._sample(rows, logits)
+
+    def _make_room_for_decoding(self) -> None:
+        """A block for every decoding sequence whose next token starts one; preempt when none is left."""
+        for sequence in list(self.decoding):
+            if sequence.row < 0:  # preempted by an earlier sequence of this loop
+                continue
+            while sequence.computed // self.pool.block_size >= len(sequence.blocks):
+                block = self.pool.allocate()
+                if block is not None:
+                    sequence.blocks.append(block)
+                    break
+                victim = self._victim()
+                self._preempt(victim)
+                if victim is sequence:
+                    break
+
+    def _plan_prefill(self) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens) prefill chunks for this step, within `prefill_chunk` tokens in all:
+        the sequences already prefilling first, then new ones while rows and blocks allow."""
+        budget, chunks = self.prefill_chunk, []
+        for sequence in list(self.prefilling):
+            if budget == 0:
+                break
+            tokens = self._reserve(sequence, min(budget, len(sequence.tokens) - sequence.computed))
+            if tokens:
+                chunks.append((sequence, tokens))
+                budget -= tokens
+        while budget and self.waiting:
+            head = self.waiting[0]
+            if self.rows() + 1 + len(head.forks) > self.max_rows and self.rows():
+                break
+            if self.pool.available() == 0:
+                break
+            self.waiting.popleft()
+            self._admit(head)
+            tokens = self._reserve(head, min(budget, len(head.tokens) - head.computed))
+            if tokens:
+                chunks.append((head, tokens))
+                budget -= tokens
+        return chunks
+
+    def _admit(self, sequence: Sequence) -> None:
+        """Move `sequence` from waiting to prefilling, taking its cached prefix blocks."""
+        stats, prompt = self.pool.stats, len(sequence.handle.request.prompt)
+        fresh, sequence.fresh = sequence.fresh, False
+        blocks, hashes = self.pool.lookup(sequence.tokens, self._root(sequence), len(sequence.tokens) - 1)
+        sequence.blocks, sequence.hashes = blocks, hashes
+        sequence.computed = len(blocks) * self.pool.block_size
+        sequence.admitted = self._admissions
+        self._admissions += 1
+        if fresh:
+            stats.prompt_tokens += prompt * (1 + len(sequence.forks))
+            stats.cached_tokens += sequence.computed
+            stats.forked_tokens += prompt * len(sequence.forks)
+        else:
+            stats.recomputed_tokens += len(sequence.tokens) - sequence.computed
+        self.prefilling.append(sequence)
+
+    def _reserve(self, sequence: Sequence, tokens: int) -> int:
+        """Blocks for up to `tokens` more tokens of `sequence`; how many it got room for."""
+        size = self.pool.block_size
+        end = sequence.computed + tokens
+        while len(sequence.blocks) * size < end:
+            block = self.pool.allocate()
+            if block is None:
+                break
+            sequence.blocks.append(block)
+        return max(0, min(end, len(sequence.blocks) * size) - sequence.computed)
+
+    def _step_input(self, chunks: list[tuple[Sequence, int]]) -> tuple[StepInput, list[Sequence]]:
+        """The packed forward's input, and the prefilling sequences this step completes."""
+        size = self.pool.block_size
+        tokens, positions, slots, lengths = [], [], [], []
+        for sequence in self.decoding:
+            position = sequence.computed
+            tokens.append(sequence.tokens[position])
+            positions.append(position)
+            slots.append(sequence.blocks[position // size] * size + position % size)
+            lengths.append(position + 1)
+        decode = len(tokens)
+        logit_rows = list(range(decode))
+        pieces, finishing = [], []
+        device = self.pool.keys[0].device
+        for sequence, count in chunks:
+            start, past = len(tokens), sequence.computed
+            table = _slots(sequence.blocks, size, past + count)
+            tokens += sequence.tokens[past : past + count]
+            positions += range(past, past + count)
+            slots += table[past:]
+            pieces.append(Chunk(start, count, past, torch.tensor(table, device=device)))
+            if past + count == len(sequence.tokens):
+                finishing.append(sequence)
+                logit_rows.append(len(tokens) - 1)
+        key_slots = None
+        if self.view is None and decode:
+            longest = max(lengths)
+            key_slots = torch.tensor([_slots(s.blocks, size, longest) for s in self.decoding], device=device)
+        elif self.view is not None:
+            self.view.reserve(len(self.decoding) + sum(1 + len(s.forks) for s in finishing),
+                              max([len(s.tokens) + 1 for s in (*self.decoding, *finishing)], default=1))
+        step = StepInput(
+            tokens=torch.tensor(tokens, device=device), positions=torch.tensor(positions, device=device),
+            slots=torch.tensor(slots, device=device), decode_rows=decode, decode_lengths=lengths,
+            decode_key_slots=key_slots, chunks=pieces, logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=device),
+        )
+        return step, finishing
+
+    def _computed(self, sequence: Sequence, computed: int) -> None:
+        """`sequence` now has `computed` tokens in the pool: register the blocks that filled up."""
+        size = self.pool.block_size
+        sequence.computed = computed
+        if sequence.handle.version != self.version:
+            return  # KV of weights replaced since: never offered to a lookup
+        while len(sequence.hashes) < computed // size:
+            index = len(sequence.hashes)
+            previous = sequence.hashes[-1] if sequence.hashes else self._root(sequence)
+            chained = self.pool.chain(previous, sequence.tokens[index * size : (index + 1) * size])
+            self.pool.register(sequence.blocks[index], chained)
+            sequence.hashes.append(chained)
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """The other samples of `parent`'s group, sharing its full blocks, each with its own copy
+        of the partial last one."""
+        size, handle = self.pool.block_size, parent.handle
+        full, partial = divmod(parent.computed, size)
+        children = []
+        for sample in parent.forks:
+            child = Sequence(handle, sample, list(parent.tokens), self._generator(handle.request.params.seed, sample),
+                             [], admitted=parent.admitted, computed=parent.computed, hashes=list(parent.hashes))
+            for block in parent.blocks[:full]:
+                self.pool.hold(block)
+            child.blocks = parent.blocks[:full]
+            if partial:
+                block = self.pool.allocate()
+                while block is None:
+                    victim = self._victim(exclude=handle)
+                    if victim is None:
+                        raise KVPoolTooSmall(
+                            f"a group of {1 + len(parent.forks)} samples of a {len(parent.tokens)}-token prompt "
+                            f"needs more than the pool's {self.pool.num_blocks} KV blocks; raise rollout.kv_blocks"
+                        )
+                    self._preempt(victim)
+                    block = self.pool.allocate()
+                self.pool.copy_block(parent.blocks[full], block, partial)
+                child.blocks = [*child.blocks, block]
+            handle.live.append(child)
+            children.append(child)
+        parent.forks = []
+        return children
+
+    def _start_decoding(self, sequence: Sequence, source: int | None) -> None:
+        """`sequence` joins the decode batch; its view row is loaded from the pool, or copied from
+        decode row `source` (a fork's keys are its group's first sample's)."""
+        sequence.row = len(self.decoding)
+        self.decoding.append(sequence)
+        if self.view is None:
+            return
+        if source is None:
+            table = _slots(sequence.blocks, self.pool.block_size, sequence.computed)
+            self.view.load(self.pool, sequence.row, torch.tensor(table, device=self.pool.keys[0].device))
+        else:
+            self.view.move(source, sequence.row, sequence.computed)
+
+    # ---------------------------------------------------------------- sampling and finishing
+
+    def _sample(self, rows: list[Sequence], logits: Tensor) -> list[RequestHandle]:
+        params = [s.handle.request.params for s in rows]
+        tokens, logprobs = sample_rows(logits, [p.temperature for p in params], [p.top_p for p in params],
+                                       [s.generator for s in rows], self.shared)
+        finished: list[tuple[Sequence, FinishReason]] = []
+        for sequence, param, token, logprob in zip(rows, params, tokens.tolist(), logprobs.tolist()):
+            sequence.tokens.append(token)
+            sequence.logprobs.append(logprob)
+            callback = sequence.handle.request.on_token
+            if callback is not None:
+                callback(sequence.sample, token)
+            if (token in self.eos_ids and not param.ignore_eos) or (
+                param.stop and hits_stop(self.tokenizer, sequence.generated, param.stop)  # type: ignore[arg-type]
+            ):
+                finished.append((sequence, "stop"))
+            elif len(sequence.logprobs) >= param.max_new_tokens:
+                finished.append((sequence, "length"))
+        done = []
+        for sequence, reason in sorted(finished, key=lambda pair: -pair[0].row):
+            handle = sequence.handle
+            handle.results[sequence.sample] = (sequence.generated, sequence.logprobs, reason)
+            handle.live.remove(sequence)
+            self._evict(sequence)
+            if handle.done:
+                done.append(handle)
+        return done
+
+    # ---------------------------------------------------------------- preemption
+
+    def _victim(self, exclude: RequestHandle | None = None) -> Sequence | None:
+        """The most recently admitted running sequence (not of `exclude`)."""
+        candidates = [s for s in (*self.prefilling, *self.decoding) if s.handle is not exclude]
+        return max(candidates, key=lambda s: s.admitted, default=None)
+
+    def _preempt(self, sequence: Sequence | None) -> None:
+        """Free `sequence`'s blocks and requeue it first, to be re-prefilled with what it generated."""
+        if sequence is None:
+            raise KVPoolTooSmall(f"no sequence fits the pool's {self.pool.num_blocks} KV blocks; raise rollout.kv_blocks")
+        self._evict(sequence)
+        sequence.computed, sequence.admitted = 0, -1
+        self.pool.stats.preemptions += 1
+        self.waiting.appendleft(sequence)
+
+    def _evict(self, sequence: Sequence) -> None:
+        """Take `sequence` off the running lists and let go of its blocks."""
+        if sequence in self.prefilling:
+            self.prefilling.remove(sequence)
+        elif sequence.row >= 0:
+            row, last = sequence.row, self.decoding.pop()
+            if last is not sequence:  # the last row fills the gap
+                self.decoding[row] = last
+                last.row = row
+                if self.view is not None:
+                    self.view.move(len(self.decoding), row, last.computed)
+            sequence.row = -1
+        elif sequence in self.waiting:
+            self.waiting.remove(sequence)
+        self.pool.release(sequence.blocks)
+        sequence.blocks, sequence.hashes = [], []
+
+    def _root(self, sequence: Sequence) -> int:
+        return hash(("tidal-kv", sequence.handle.version))
+
+    def _generator(self, seed: int | None, sample: int) -> torch.Generator | None:
+        if seed is None:
+            return None
+        generator = torch.Generator(device=self.shared.device)
+        generator.manual_seed(derived_seed(seed, sample))
+        return generator
+
+
+def _slots(blocks: list[int], size: int, length: int) -> list[int]:
+    """Pool slots of positions [0, length) of a sequence with block table `blocks`; past its end
+    (padding, masked out) its first slot again, which holds real values: a masked position still
+    enters sdpa's product as 0 * value, and an unwritten slot can hold NaN."""
+    out = [block * size + offset for block in blocks for offset in range(size)][:length]
+    return out + out[:1] * (length - len(out))
