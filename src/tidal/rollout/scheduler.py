@@ -285,30 +285,30 @@ class Scheduler:
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         """The other samples of `parent`'s group, sharing its full blocks, each with its own copy
-        of the partial last one."""
+        of the partial last one. A sample with no block left for that copy (after preempting
+        sequences of other requests) is queued first instead, to prefill from the cached prefix."""
         size, handle = self.pool.block_size, parent.handle
         full, partial = divmod(parent.computed, size)
         children = []
         for sample in parent.forks:
             child = Sequence(handle, sample, list(parent.tokens), self._generator(handle.request.params.seed, sample),
-                             [], admitted=parent.admitted, computed=parent.computed, hashes=list(parent.hashes))
-            for block in parent.blocks[:full]:
-                self.pool.hold(block)
-            child.blocks = parent.blocks[:full]
+                             [], admitted=parent.admitted, fresh=False)
+            handle.live.append(child)
+            block = None
             if partial:
                 block = self.pool.allocate()
-                while block is None:
-                    victim = self._victim(exclude=handle)
-                    if victim is None:
-                        raise KVPoolTooSmall(
-                            f"a group of {1 + len(parent.forks)} samples of a {len(parent.tokens)}-token prompt "
-                            f"needs more than the pool's {self.pool.num_blocks} KV blocks; raise rollout.kv_blocks"
-                        )
+                while block is None and (victim := self._victim(exclude=handle)) is not None:
                     self._preempt(victim)
                     block = self.pool.allocate()
+                if block is None:
+                    child.admitted = -1
+                    self.waiting.appendleft(child)
+                    continue
                 self.pool.copy_block(parent.blocks[full], block, partial)
-                child.blocks = [*child.blocks, block]
-            handle.live.append(child)
+            for shared in parent.blocks[:full]:
+                self.pool.hold(shared)
+            child.blocks = parent.blocks[:full] + ([] if block is None else [block])
+            child.computed, child.hashes = parent.computed, list(parent.hashes)
             children.append(child)
         parent.forks = []
         return children

@@ -8,6 +8,7 @@ import torch
 from tidal.models import LoadedModel
 from tidal.rollout import EmbeddedEngine, RolloutEngine, SamplingParams
 from tidal.rollout.kv import FlatCache, supports_flat_cache
+from tidal.rollout.static import StaticEngine
 from tidal.types import Completion
 
 
@@ -33,14 +34,24 @@ def _recomputed_logprobs(tiny: LoadedModel, completion: Completion, temperature:
     return logp.gather(1, torch.tensor(completion.token_ids)[:, None]).squeeze(1)
 
 
+ENGINES = {
+    "paged": lambda m, t: EmbeddedEngine(m, t),
+    "paged-gather": lambda m, t: EmbeddedEngine(m, t, decode_attention="gather"),
+    "static-lean": lambda m, t: StaticEngine(m, t, kv_cache="auto"),
+    "static-flat": lambda m, t: StaticEngine(m, t, kv_cache="flat"),
+    "static-dynamic": lambda m, t: StaticEngine(m, t, kv_cache="dynamic"),
+}
+
+
 def test_is_a_rollout_engine(tiny: LoadedModel) -> None:
     assert isinstance(EmbeddedEngine(tiny.model, tiny.tokenizer), RolloutEngine)
+    assert isinstance(StaticEngine(tiny.model, tiny.tokenizer), RolloutEngine)
     assert supports_flat_cache(tiny.model)
 
 
-@pytest.mark.parametrize("kv_cache", ["auto", "flat", "dynamic"])
-def test_greedy_matches_uncached_reference(tiny: LoadedModel, prompts: list[list[int]], kv_cache: str) -> None:
-    engine = EmbeddedEngine(tiny.model, tiny.tokenizer, kv_cache=kv_cache)
+@pytest.mark.parametrize("kind", list(ENGINES))
+def test_greedy_matches_uncached_reference(tiny: LoadedModel, prompts: list[list[int]], kind: str) -> None:
+    engine = ENGINES[kind](tiny.model, tiny.tokenizer)
     results = engine.generate(prompts, n=2, params=SamplingParams(temperature=0, max_new_tokens=12))
     assert [len(group) for group in results] == [2, 2, 2]
     for prompt, group in zip(prompts, results):
@@ -60,10 +71,19 @@ def test_chunked_batches_give_the_same_greedy_output(tiny: LoadedModel, prompts:
     assert [[c.token_ids for c in g] for g in chunked] == [[c.token_ids for c in g] for g in whole]
 
 
+def test_each_prompt_is_prefilled_once(tiny: LoadedModel, prompts: list[list[int]]) -> None:
+    engine = EmbeddedEngine(tiny.model, tiny.tokenizer, prefix_cache=False)
+    engine.generate(prompts, n=8, params=SamplingParams(max_new_tokens=3, seed=0))
+    total = sum(len(p) for p in prompts)
+    assert engine.stats.prompt_tokens == 8 * total
+    assert engine.stats.forked_tokens == 7 * total, "one prefill per group: the other 7 samples fork from it"
+    assert engine.stats.hit_rate == pytest.approx(7 / 8)
+
+
 @pytest.mark.parametrize("kv_cache", ["auto", "flat"])
-def test_each_prompt_is_prefilled_once(tiny: LoadedModel, prompts: list[list[int]], kv_cache: str) -> None:
+def test_the_static_engine_prefills_each_prompt_once(tiny: LoadedModel, prompts: list[list[int]], kv_cache: str) -> None:
     shapes: list[tuple[int, int]] = []
-    engine = EmbeddedEngine(tiny.model, tiny.tokenizer, kv_cache=kv_cache)  # type: ignore[arg-type]
+    engine = StaticEngine(tiny.model, tiny.tokenizer, kv_cache=kv_cache)  # type: ignore[arg-type]
     forward = engine._forward
 
     def recorded(input_ids: torch.Tensor, *args: object) -> torch.Tensor:
@@ -206,6 +226,8 @@ def test_invalid_arguments(tiny: LoadedModel) -> None:
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1.0)
+    with pytest.raises(ValueError, match="kv_block_size=0"):
+        EmbeddedEngine(tiny.model, tiny.tokenizer, kv_block_size=0)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="move the model"):
             EmbeddedEngine(tiny.model, tiny.tokenizer, device="cuda")

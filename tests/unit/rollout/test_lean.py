@@ -19,6 +19,7 @@ from transformers import (
 from tidal.models import LoadedModel
 from tidal.rollout import EmbeddedEngine, SamplingParams
 from tidal.rollout.lean import LeanDecoder
+from tidal.rollout.static import StaticEngine
 
 VOCAB = 97
 
@@ -104,8 +105,9 @@ def test_an_unpadded_batch_runs_without_a_mask_and_matches_too() -> None:
 
 def test_the_engine_samples_what_the_transformers_forward_samples(tiny: LoadedModel, prompts: list[list[int]]) -> None:
     """Same seed, same tokens; logprobs equal to float rounding; new weights seen at once."""
-    lean = EmbeddedEngine(tiny.model, tiny.tokenizer, kv_cache="auto")
-    plain = EmbeddedEngine(tiny.model, tiny.tokenizer, kv_cache="flat")
+    lean = StaticEngine(tiny.model, tiny.tokenizer, kv_cache="auto")
+    plain = StaticEngine(tiny.model, tiny.tokenizer, kv_cache="flat")
+    paged = EmbeddedEngine(tiny.model, tiny.tokenizer)
     assert lean._lean is not None and plain._lean is None
     params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7, stop=["e"])
     a, b = lean.generate(prompts, n=3, params=params), plain.generate(prompts, n=3, params=params)
@@ -122,5 +124,6 @@ def test_the_engine_samples_what_the_transformers_forward_samples(tiny: LoadedMo
         after = [[c.token_ids for c in g] for g in lean.generate(prompts, 1, greedy)]
         assert after != before  # the lean forward read the new weights...
         assert after == [[c.token_ids for c in g] for g in plain.generate(prompts, 1, greedy)]  # ...as HF does
+        assert after == [[c.token_ids for c in g] for g in paged.generate(prompts, 1, greedy)]  # ...and the paged forward
     finally:
         tiny.model.load_state_dict(saved)
