@@ -1,18 +1,18 @@
-"""Request batching: one worker thread owns the engine and serves queued requests in batches.
+"""Request batching: one worker thread owns the engine and drives its continuous batch.
 
 Used by `tidal serve` (one job per HTTP request) and by `LocalPolicy` (one job per agent turn, so
-the turns of concurrent episodes share engine calls). The engine samples a whole batch with one
-`SamplingParams` and one random generator, so a batch holds requests whose parameters match
-exactly. The worker takes the oldest waiting request, then every other waiting one with the same
-parameters within `max_batch` rows: no request waits behind a younger one of another kind, and
-requests arriving while the engine is busy go together in the next call. A `gather_s` window (0
-for the server) lets a call wait that long to fill, for agent turns arriving a few ms apart.
+the turns of concurrent episodes share engine steps). Every job joins the engine's running batch
+whatever its parameters or seed: between two engine steps the worker moves the waiting jobs, oldest
+first, into the engine while its unfinished rows stay within `max_batch`, and the engine's
+scheduler admits them at its next step (rollout/scheduler.py). Each row samples with its own
+parameters, and a seeded row from its own generator, so a seeded job returns exactly what the
+in-process call `engine.generate(prompts, n, params)` returns, whatever else is running. A
+`gather_s` window (0 for the server) lets an idle worker wait that long before its first step, for
+agent turns arriving a few ms apart, so their prefills share a step.
 
-A request with a `seed` is always generated alone, as exactly the in-process call
-`engine.generate(prompts, n, params)`, so it returns that call's completions (a shared batch would
-share the random stream and change the padding). The queue is bounded (`max_queue`, `QueueFull`:
-the server's 503); a request whose client went away is dropped when reached. Each job's result
-carries its share (by rows) of its engine call's process CPU time. docs/design/serve.md, "Batching".
+The queue is bounded (`max_queue`, `QueueFull`: the server's 503); a job whose client went away is
+dropped when reached, or aborted in the engine if already running. Each job's result carries its
+share (by rows) of the process CPU time of the engine steps it ran in. docs/design/serve.md, "Batching".
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 
-from tidal.rollout.engine import EmbeddedEngine, SamplingParams
+from tidal.rollout.engine import EmbeddedEngine, Request, RequestHandle, SamplingParams
+from tidal.rollout.sampling import derived_seed
 from tidal.types import Completion
 
 logger = logging.getLogger(__name__)
@@ -49,16 +50,16 @@ class BatchMetrics(Protocol):
 
     queue_depth: Any  # .set(waiting jobs)
     queue_wait: Any  # .observe(seconds a job waited)
-    batch_rows: Any  # .observe(rows per engine call)
-    batch_requests: Any  # .observe(jobs per engine call)
+    batch_rows: Any  # .observe(rows moved into the running batch together)
+    batch_requests: Any  # .observe(jobs moved into the running batch together)
 
 
 @dataclass
 class JobResult:
     completions: list[list[Completion]]  # per prompt, its n completions
     top_logprobs: TopLogprobs | None  # when the job asked for top_logprobs > 0
-    cpu_s: float = 0.0  # this job's share (by rows) of the process CPU seconds of its engine call
-    batch_jobs: int = 1  # jobs that shared the engine call
+    cpu_s: float = 0.0  # this job's share (by rows) of the process CPU seconds of the engine steps it ran in
+    batch_jobs: int = 1  # the most jobs that shared an engine step with this one
 
 
 @dataclass
@@ -82,16 +83,20 @@ class Job:
     def rows(self) -> int:
         return len(self.prompts) * self.n
 
-    def batch_key(self) -> tuple[object, ...] | None:
-        """Jobs with equal keys may share an engine call; None (seeded) never shares."""
-        p = self.params
-        if p.seed is not None:
-            return None
-        return (self.n, p.temperature, p.top_p, p.max_new_tokens, tuple(p.stop), p.ignore_eos)
+
+@dataclass
+class _Running:
+    """A job inside the engine: its requests' handles and what it has cost so far."""
+
+    job: Job
+    handles: list[RequestHandle]
+    cpu_s: float = 0.0
+    batch_jobs: int = 1  # the most jobs that shared an engine step with it
 
 
 class Batcher:
-    """Owns `engine` on one worker thread; `submit` queues a job, the worker runs batches of them."""
+    """Owns `engine` on one worker thread; `submit` queues a job, the worker moves it into the
+    engine's running batch and steps the engine until it is done."""
 
     def __init__(self, engine: EmbeddedEngine, max_batch: int, max_queue: int,
                  metrics: BatchMetrics | None = None, gather_s: float = 0.0) -> None:
@@ -99,8 +104,8 @@ class Batcher:
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.metrics = metrics
-        # How long the worker waits for more jobs before a call that is not full (0: it starts at
-        # once). Agent episodes in step submit their turns a few ms apart.
+        # How long an idle worker waits for more jobs before its first step (0: it starts at once).
+        # Agent episodes in step submit their turns a few ms apart.
         self.gather_s = gather_s
         self._queue: deque[Job] = deque()
         self._condition = threading.Condition()
@@ -127,7 +132,7 @@ class Batcher:
             return len(self._queue)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop taking work, fail what still waits with ShuttingDown, and let the current batch end."""
+        """Stop taking work, fail what still waits with ShuttingDown, and let the running jobs finish."""
         with self._condition:
             self._closed = True
             waiting = list(self._queue)
@@ -140,85 +145,101 @@ class Batcher:
     # ---------------------------------------------------------------- worker
 
     def _run(self) -> None:
+        running: list[_Running] = []
         while True:
             with self._condition:
-                while not self._queue and not self._closed:
+                while not self._queue and not running and not self._closed:
                     self._condition.wait()
-                if self._closed:
+                if self._closed and not running:
                     return
-                deadline = time.monotonic() + self.gather_s
-                while (not self._closed and sum(job.rows for job in self._queue) < self.max_batch
-                       and time.monotonic() < deadline):
-                    self._condition.wait(deadline - time.monotonic())
-                batch = self._take()
+                if not running and self.gather_s:
+                    deadline = time.monotonic() + self.gather_s
+                    while (not self._closed and sum(job.rows for job in self._queue) < self.max_batch
+                           and time.monotonic() < deadline):
+                        self._condition.wait(deadline - time.monotonic())
+                taken = self._take(sum(entry.job.rows for entry in running))
                 if self.metrics is not None:
                     self.metrics.queue_depth.set(len(self._queue))
-            if batch:
-                self._execute(batch)
+            running += self._start(taken)
+            running = self._step(running)
 
-    def _take(self) -> list[Job]:
-        """The oldest live job plus every waiting job that may share its engine call (lock held)."""
-        while self._queue and self._queue[0].cancelled:
-            self._queue.popleft()
-        if not self._queue:
-            return []
-        head = self._queue.popleft()
-        batch, rows, key = [head], head.rows, head.batch_key()
-        if key is None:
-            return batch
-        kept: deque[Job] = deque()
-        for job in self._queue:
+    def _take(self, rows: int) -> list[Job]:
+        """Waiting jobs, oldest first, while the engine's rows stay within `max_batch` (lock held;
+        none once closed: the running jobs finish, the waiting ones were failed by `close`)."""
+        taken: list[Job] = []
+        if self._closed:
+            return taken
+        while self._queue:
+            job = self._queue[0]
             if job.cancelled:
+                self._queue.popleft()
                 continue
-            if job.batch_key() == key and rows + job.rows <= self.max_batch:
-                batch.append(job)
-                rows += job.rows
-            else:
-                kept.append(job)
-        self._queue = kept
-        return batch
+            if rows + job.rows > self.max_batch:
+                break
+            taken.append(self._queue.popleft())
+            rows += job.rows
+        return taken
 
-    def _execute(self, batch: list[Job]) -> None:
-        started = time.perf_counter()
-        prompts: list[list[int]] = []
-        owners: list[tuple[Job, int]] = []  # engine prompt index -> (job, the job's prompt index)
-        for job in batch:
+    def _start(self, jobs: list[Job]) -> list[_Running]:
+        """Submit `jobs` to the engine: one request per prompt, as `engine.generate` makes them."""
+        started, now = [], time.perf_counter()
+        for job in jobs:
             if self.metrics is not None:
-                self.metrics.queue_wait.observe(started - job.enqueued_at)
-            for index, prompt in enumerate(job.prompts):
-                prompts.append(prompt)
-                owners.append((job, index))
-        if self.metrics is not None:
-            self.metrics.batch_rows.observe(len(prompts) * batch[0].n)
-            self.metrics.batch_requests.observe(len(batch))
+                self.metrics.queue_wait.observe(now - job.enqueued_at)
+            try:
+                handles = [self.engine.submit(request) for request in _requests(job)]
+            except Exception as error:  # a bad request fails its own client only
+                job.on_done(error)
+                continue
+            started.append(_Running(job, handles))
+        if started and self.metrics is not None:
+            self.metrics.batch_rows.observe(sum(entry.job.rows for entry in started))
+            self.metrics.batch_requests.observe(len(started))
+        return started
 
-        def dispatch(prompt: int, sample: int, token: int) -> None:
-            job, index = owners[prompt]
-            if job.on_token is not None and not job.cancelled:
-                job.on_token(index, sample, token)
-
-        streaming = any(job.on_token is not None for job in batch)
+    def _step(self, running: list[_Running]) -> list[_Running]:
+        """One engine step; finished jobs get their results; returns the jobs still running."""
+        for entry in running:
+            if entry.job.cancelled:
+                self._abort(entry)
+        running = [entry for entry in running if not entry.job.cancelled]
+        if not running:
+            return running
         cpu = time.process_time()
         try:
-            results = self.engine.generate(prompts, n=batch[0].n, params=batch[0].params, on_token=dispatch if streaming else None)
-            cpu = time.process_time() - cpu
-        except Exception as error:  # every waiting client must hear of the failure
-            logger.exception("engine.generate failed for a batch of %d request(s)", len(batch))
-            for job in batch:
-                job.on_done(error)
+            self.engine.step()
+        except Exception as error:  # every running client must hear of the failure
+            logger.exception("engine.step failed with %d request(s) running", len(running))
+            for entry in running:
+                self._abort(entry)
+                entry.job.on_done(error)
+            return []
+        cpu = time.process_time() - cpu
+        rows = sum(entry.job.rows for entry in running)
+        still = []
+        for entry in running:
+            entry.cpu_s += cpu * entry.job.rows / rows
+            entry.batch_jobs = max(entry.batch_jobs, len(running))
+            if all(handle.done for handle in entry.handles):
+                self._finish(entry)
+            else:
+                still.append(entry)
+        return still
+
+    def _finish(self, entry: _Running) -> None:
+        job = entry.job
+        completions = [self.engine.complete(handle) for handle in entry.handles]
+        try:
+            top = self._top_logprobs(completions, job) if job.top_logprobs else None
+        except Exception as error:  # reported to this request's client only
+            logger.exception("top_logprobs failed")
+            job.on_done(error)
             return
-        position = 0
-        for job in batch:
-            completions = results[position : position + len(job.prompts)]
-            position += len(job.prompts)
-            try:
-                top = self._top_logprobs(completions, job) if job.top_logprobs else None
-            except Exception as error:  # reported to this request's client only
-                logger.exception("top_logprobs failed")
-                job.on_done(error)
-                continue
-            job.on_done(JobResult(completions=completions, top_logprobs=top, cpu_s=cpu * len(job.prompts) / len(prompts),
-                                  batch_jobs=len(batch)))
+        job.on_done(JobResult(completions=completions, top_logprobs=top, cpu_s=entry.cpu_s, batch_jobs=entry.batch_jobs))
+
+    def _abort(self, entry: _Running) -> None:
+        for handle in entry.handles:
+            self.engine.abort(handle)
 
     @torch.inference_mode()
     def _top_logprobs(self, completions: list[list[Completion]], job: Job) -> TopLogprobs:
@@ -246,3 +267,23 @@ class Batcher:
                 )
             out.append(per_prompt)
         return out
+
+
+def _requests(job: Job) -> list[Request]:
+    """The engine requests of `job`, seeded per prompt exactly as `EmbeddedEngine.generate` seeds them."""
+    params, requests = job.params, []
+    for index, prompt in enumerate(job.prompts):
+        seeded = params if params.seed is None else replace(params, seed=derived_seed(params.seed, index))
+        on_token = None
+        if job.on_token is not None:
+            on_token = _stream(job, index)
+        requests.append(Request(list(prompt), seeded, job.n, on_token))
+    return requests
+
+
+def _stream(job: Job, prompt: int) -> Callable[[int, int], None]:
+    def on_token(sample: int, token: int) -> None:
+        if job.on_token is not None and not job.cancelled:
+            job.on_token(prompt, sample, token)
+
+    return on_token

@@ -26,15 +26,15 @@ def test_the_trained_tokens_are_the_generated_tokens(bwrap: SandboxBackend) -> N
     policy = _policy()
     generated: list[list[int]] = []
     prompts: list[list[int]] = []
-    engine_generate = policy.engine.generate
+    engine_complete = policy.engine.complete
 
-    def recording(prompts_in, n, params, **options):  # the engine itself, with what it saw and made written down
-        out = engine_generate(prompts_in, n, params, **options)
-        prompts.append(list(prompts_in[0]))
-        generated.append(list(out[0][0].token_ids))
+    def recording(handle):  # the engine itself, with what it saw and made written down
+        out = engine_complete(handle)
+        prompts.append(list(handle.request.prompt))
+        generated.append(list(out[0].token_ids))
         return out
 
-    policy.engine.generate = recording  # type: ignore[method-assign]
+    policy.engine.complete = recording  # type: ignore[method-assign]
     result = run_episode(task, policy, bwrap, AgentConfig(max_new_tokens=24, max_tokens=4000))
     trace = result.trace
     ids, mask, logprobs = trace["token_ids"], trace["mask"], trace["logprobs"]
