@@ -181,6 +181,8 @@ class EmbeddedEngine:
         with self._lock:
             handles = [self.submit(request) for request in requests]
             step = 0
+            was_training = self.model.training
+            self.model.eval()  # once for the call, not at every step
             try:
                 while not all(handle.done for handle in handles):
                     if cancel is not None and cancel.is_set():
@@ -192,6 +194,8 @@ class EmbeddedEngine:
                 for handle in handles:
                     self.abort(handle)
                 raise
+            finally:
+                self.model.train(was_training)
         return handles
 
     # ---------------------------------------------------------------- step by step
@@ -220,12 +224,13 @@ class EmbeddedEngine:
         with self._lock:
             if not self._forward_pass.current():  # an adapter was injected since: read the new modules
                 self._forward_pass = PagedDecoder(self.model)
-            was_training = self.model.training
+            if not self.model.training:
+                return self._scheduler.step(self._forward)
             self.model.eval()  # no dropout while sampling; the trainer's mode is restored below
             try:
                 return self._scheduler.step(self._forward)
             finally:
-                self.model.train(was_training)
+                self.model.train(True)
 
     def complete(self, handle: RequestHandle) -> list[Completion]:
         """The `n` completions of a finished request, in sample order."""

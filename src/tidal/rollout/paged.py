@@ -156,6 +156,7 @@ class PagedDecoder:
         positions = step.positions[:decode]
         rows = torch.arange(decode, device=hidden.device)
         longest = max(step.decode_lengths, default=0)
+        same_position = longest - 1 if decode and min(step.decode_lengths) == longest else None
         chunk_masks = [_chunk_mask(chunk, hidden.device) for chunk in step.chunks]
         gqa = self.kv_heads != self.heads
         for index, (norm1, eps1, q_proj, k_proj, v_proj, o_proj, norm2, eps2, gate, up, down) in enumerate(self.layers):
@@ -165,13 +166,17 @@ class PagedDecoder:
             v = v_proj(normed).view(count, self.kv_heads, self.head_dim)
             q = q * cos + _swap_halves(q) * sin
             k = k * cos + _swap_halves(k) * sin
-            pool.keys[index][step.slots] = k
-            pool.values[index][step.slots] = v
+            pool.keys[index].index_copy_(0, step.slots, k)
+            pool.values[index].index_copy_(0, step.slots, v)
             attended = torch.empty_like(q)  # (N, heads, D)
             if decode:
-                if view is not None:
+                if view is not None and same_position is not None:  # a GRPO batch: one strided copy
+                    view.keys[index][:decode, :, same_position] = k[:decode]
+                    view.values[index][:decode, :, same_position] = v[:decode]
+                elif view is not None:
                     view.keys[index][rows, :, positions] = k[:decode]
                     view.values[index][rows, :, positions] = v[:decode]
+                if view is not None:
                     keys = view.keys[index][:decode, :, :longest]  # (D, kv_heads, L, head_dim)
                     values = view.values[index][:decode, :, :longest]
                 else:
