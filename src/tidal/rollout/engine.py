@@ -24,7 +24,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tidal.errors import PreemptedError
 from tidal.rollout.blocks import BlockPool, PoolStats
-from tidal.rollout.paged import Chunk, DecodeView, PagedDecoder, StepInput
+from tidal.rollout.lean import LeanDecoder
+from tidal.rollout.paged import Chunk, DecodeView, PagedDecoder, StepInput, matmul_rate
 from tidal.rollout.sampling import (
     Cancel, SamplingParams, TokenCallback, cut_at_stop, derived_seed, eos_ids,
 )
@@ -40,6 +41,10 @@ KV_BLOCK_SIZE = 16
 PREFILL_CHUNK = 512
 KV_MEMORY_FRACTION = 0.25  # of the memory free at start, for the block pool when kv_blocks is not given
 MAX_AUTO_BLOCKS = 1 << 16
+# "model": compute in the model's own dtype; "auto": bfloat16 where a matmul of the decode shape
+# runs at least AUTO_BF16_GAIN times faster in it than in the model's dtype on this device.
+DTYPES = ("model", "float32", "bfloat16", "auto")
+AUTO_BF16_GAIN = 1.3
 
 
 class EmbeddedEngine:
@@ -53,7 +58,10 @@ class EmbeddedEngine:
     free memory, at most 65536); `prefill_chunk`: prompt tokens prefilled per step at most;
     `prefix_cache`: keep and reuse full blocks across requests; `decode_attention`: "view" (a
     contiguous copy of the decoding rows' blocks, kept in place) or "gather" (the blocks gathered
-    at every step), see rollout/paged.py. Other architectures: `tidal.rollout.static.StaticEngine`.
+    at every step), see rollout/paged.py; `dtype`: "model" (its own), "float32", "bfloat16" or
+    "auto" (bfloat16 where it measures faster here; the sampler's logprobs are then bf16's, and
+    the trainer takes them as the behaviour policy's as they are). Other architectures:
+    `tidal.rollout.static.StaticEngine`.
     """
 
     def __init__(
@@ -67,6 +75,7 @@ class EmbeddedEngine:
         prefill_chunk: int = PREFILL_CHUNK,
         prefix_cache: bool = True,
         decode_attention: str = "view",
+        dtype: str = "model",
     ) -> None:
         problems = []
         if max_batch_rows is not None and max_batch_rows < 1:
@@ -77,6 +86,8 @@ class EmbeddedEngine:
             problems.append(f"kv_blocks={kv_blocks} must be >= 1")
         if prefill_chunk < 1:
             problems.append(f"prefill_chunk={prefill_chunk} must be >= 1")
+        if dtype not in DTYPES:
+            problems.append(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}")
         if decode_attention not in ("view", "gather"):
             problems.append(f"decode_attention={decode_attention!r} must be 'view' or 'gather'")
         if problems:
@@ -97,8 +108,9 @@ class EmbeddedEngine:
         self.max_batch_rows = max_batch_rows
         self.weight_version = 0
         self.eos_ids = eos_ids(model, tokenizer)
-        self._forward_pass = PagedDecoder(model)
-        dtype = model.get_input_embeddings().weight.dtype
+        self.dtype = _pick_dtype(model, dtype)
+        self._forward_pass = PagedDecoder(model, self.dtype)
+        dtype = self.dtype
         layers, kv_heads, head_dim = self._forward_pass.num_layers, self._forward_pass.kv_heads, self._forward_pass.head_dim
         if kv_blocks is None:
             kv_blocks = _auto_blocks(model_device, layers * kv_block_size * kv_heads * head_dim * 2 * dtype.itemsize)
@@ -144,6 +156,8 @@ class EmbeddedEngine:
             self.weight_version = version
             self._scheduler.version = version
             self.pool.clear_cache()
+            if self._forward_pass.dtype != self.model.get_input_embeddings().weight.dtype:
+                self._forward_pass = PagedDecoder(self.model, self.dtype)  # its cast copies, anew
 
     # ---------------------------------------------------------------- whole calls
 
@@ -223,7 +237,7 @@ class EmbeddedEngine:
         """One engine step of every submitted request; the handles that finished in it."""
         with self._lock:
             if not self._forward_pass.current():  # an adapter was injected since: read the new modules
-                self._forward_pass = PagedDecoder(self.model)
+                self._forward_pass = PagedDecoder(self.model, self.dtype)
             if not self.model.training:
                 return self._scheduler.step(self._forward)
             self.model.eval()  # no dropout while sampling; the trainer's mode is restored below
@@ -286,6 +300,20 @@ class EmbeddedEngine:
 
 def _bind(on_token: TokenCallback, prompt: int) -> Callable[[int, int], None]:
     return lambda sample, token: on_token(prompt, sample, token)
+
+
+def _pick_dtype(model: PreTrainedModel, choice: str) -> torch.dtype:
+    """The compute dtype `choice` names for `model` (DTYPES)."""
+    own = model.get_input_embeddings().weight.dtype
+    if choice == "model":
+        return own
+    if choice != "auto":
+        return getattr(torch, choice)
+    if own == torch.bfloat16 or not LeanDecoder.supports(model):  # LoRA layers compute in the model's dtype
+        return own
+    config, device = model.config, model.get_input_embeddings().weight.device
+    shape = (64, int(config.hidden_size), int(config.intermediate_size))
+    return torch.bfloat16 if matmul_rate(torch.bfloat16, device, *shape) >= AUTO_BF16_GAIN * matmul_rate(own, device, *shape) else own
 
 
 def _auto_blocks(device: torch.device, block_bytes: int) -> int:

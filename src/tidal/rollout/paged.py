@@ -104,7 +104,7 @@ class DecodeView:
 class PagedDecoder:
     """The packed paged forward of one model (module docstring)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
         if not self.supports(model):
             raise ValueError(
                 f"the paged engine runs Llama-family decoders ({', '.join(SUPPORTED)}), not {type(model).__name__}; "
@@ -112,7 +112,12 @@ class PagedDecoder:
             )
         config, inner = model.config, model.model
         self.model = model
-        self.embed = inner.embed_tokens
+        own = inner.embed_tokens.weight.dtype
+        self.dtype = own if dtype is None else dtype
+        # Another compute dtype than the model's (bf16 sampling from an fp32 policy): the forward
+        # reads cast copies of the weights, refreshed by rebuilding it after a weight update.
+        cast: Callable[[Tensor], Tensor] = (lambda t: t) if self.dtype == own else (lambda t: t.to(self.dtype))
+        self.embed = cast(inner.embed_tokens.weight)
         self.rotary = inner.rotary_emb
         first = inner.layers[0].self_attn
         self.head_dim = int(first.head_dim)
@@ -121,17 +126,24 @@ class PagedDecoder:
         self.scaling = float(getattr(first, "scaling", self.head_dim**-0.5))
         self.num_layers = len(inner.layers)
         self._modules = _module_ids(model)
-        self.head = _projection(model.lm_head)
-        self.final_norm, self.final_eps = inner.norm.weight, float(inner.norm.variance_epsilon)
+        def project(module: torch.nn.Module) -> Projection:
+            if type(module) is torch.nn.Linear:
+                bias = None if module.bias is None else cast(module.bias)
+                return partial(F.linear, weight=cast(module.weight), bias=bias)
+            if self.dtype != own:
+                raise ValueError(f"sampling in {self.dtype} needs plain nn.Linear projections, not {type(module).__name__}")
+            return module  # a LoRA layer: called as the trainer calls it
+
+        self.head = project(model.lm_head)
+        self.final_norm, self.final_eps = cast(inner.norm.weight), float(inner.norm.variance_epsilon)
         self.layers = []
         for layer in inner.layers:
             attention, mlp = layer.self_attn, layer.mlp
             self.layers.append((
-                layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon),
-                _projection(attention.q_proj), _projection(attention.k_proj), _projection(attention.v_proj),
-                _projection(attention.o_proj),
-                layer.post_attention_layernorm.weight, float(layer.post_attention_layernorm.variance_epsilon),
-                _projection(mlp.gate_proj), _projection(mlp.up_proj), _projection(mlp.down_proj),
+                cast(layer.input_layernorm.weight), float(layer.input_layernorm.variance_epsilon),
+                project(attention.q_proj), project(attention.k_proj), project(attention.v_proj), project(attention.o_proj),
+                cast(layer.post_attention_layernorm.weight), float(layer.post_attention_layernorm.variance_epsilon),
+                project(mlp.gate_proj), project(mlp.up_proj), project(mlp.down_proj),
             ))
 
     @staticmethod
@@ -148,7 +160,7 @@ class PagedDecoder:
         to its pool slot (and the decode rows' to `view`, when given)."""
         count = step.tokens.shape[0]
         decode = step.decode_rows
-        hidden = self.embed(step.tokens)  # (N, H)
+        hidden = F.embedding(step.tokens, self.embed)  # (N, H)
         cos, sin = self.rotary(hidden[None], step.positions[None])  # (1, N, D) each
         half = cos.shape[-1] // 2
         cos, sin = cos[0, :, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[0, :, None]  # (N, 1, D)
@@ -202,10 +214,23 @@ class PagedDecoder:
         return self.head(last).float()  # (R, V)
 
 
-def _projection(module: torch.nn.Module) -> Projection:
-    if type(module) is torch.nn.Linear:
-        return partial(F.linear, weight=module.weight, bias=module.bias)
-    return module
+def matmul_rate(dtype: torch.dtype, device: torch.device | str, rows: int, inputs: int, outputs: int,
+                repeats: int = 10) -> float:
+    """FLOP/s of `F.linear` of a (rows, inputs) activation by an (outputs, inputs) weight in
+    `dtype` on `device`: the decode step's own shape, the bound its matmuls run against."""
+    import time
+
+    activation = torch.randn(rows, inputs, device=device).to(dtype)
+    weight = torch.randn(outputs, inputs, device=device).to(dtype)
+    for _ in range(2):
+        F.linear(activation, weight)
+    synchronize = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        F.linear(activation, weight)
+    synchronize()
+    return 2.0 * rows * inputs * outputs * repeats / (time.perf_counter() - start)
 
 
 def _module_ids(model: torch.nn.Module) -> list[int]:
