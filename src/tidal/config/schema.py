@@ -70,6 +70,21 @@ class RolloutConfig(Section):
     agent_max_tokens: int = Field(
         2048, ge=16, le=1 << 20, description="context tokens an agent episode may reach (prompt, turns, tool results)"
     )
+    kv_block_size: int = Field(16, ge=1, le=1024, description="positions per paged KV block of the embedded engine")
+    kv_blocks: int | None = Field(
+        None, ge=1, le=1 << 24, description="KV blocks in the engine's pool (None: a quarter of the memory free at "
+        "start, at most 65536); when they run out, sequences are preempted and recomputed, never an out-of-memory"
+    )
+    prefill_chunk: int = Field(
+        512, ge=1, le=1 << 20, description="prompt tokens prefilled per engine step at most, between decode steps"
+    )
+    prefix_cache: bool = Field(True, description="reuse the KV of full prompt blocks across requests (system prompts, "
+                               "agent turns); emptied at each weight update")
+    engine_dtype: Literal["model", "float32", "bfloat16", "auto"] = Field(
+        "model", description="the embedded engine's compute dtype: the model's own, or bfloat16 ('auto': where a "
+        "decode-shape matmul measures faster in it); the trainer takes the sampler's logprobs as the behaviour "
+        "policy's, so bfloat16 sampling is off-policy by its rounding"
+    )
 
 
 class DomainVerifier(Section):

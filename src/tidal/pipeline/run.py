@@ -218,7 +218,7 @@ class Job:
                 trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
                 self.progress.log(f"LoRA r={cfg.trainer.lora.r}: {trainable / 1e6:.3f}M trainable parameters")
             # Built after the adapter is in: the engine picks its forward from the model's layers.
-            engine = EmbeddedEngine(model, tokenizer, device)
+            engine = EmbeddedEngine.from_config(model, tokenizer, device, cfg.rollout)
             # With LoRA the reference is the base model, the adapter switched off (no copy).
             reference = copy.deepcopy(model).eval() if cfg.algorithm.kl_coef > 0 and not lora else None
             # The weights RL starts from, merged back into what is evaluated and exported; a copy of

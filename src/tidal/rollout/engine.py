@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -31,6 +32,9 @@ from tidal.rollout.sampling import (
 )
 from tidal.rollout.scheduler import KVPoolTooSmall, Request, RequestHandle, Scheduler
 from tidal.types import Completion
+
+if TYPE_CHECKING:
+    from tidal.config.schema import RolloutConfig
 
 __all__ = ["ACCELERATOR_BATCH_ROWS", "CPU_BATCH_ROWS", "Cancel", "EmbeddedEngine", "KVPoolTooSmall", "Request",
            "RequestHandle", "SamplingParams", "TokenCallback"]
@@ -106,7 +110,10 @@ class EmbeddedEngine:
         if max_batch_rows is None:
             max_batch_rows = CPU_BATCH_ROWS if model_device.type == "cpu" else ACCELERATOR_BATCH_ROWS
         self.max_batch_rows = max_batch_rows
-        self.weight_version = 0
+        # What an engine on a copy of this model is built with (the pipeline's backends).
+        self.options = {"kv_block_size": kv_block_size, "kv_blocks": kv_blocks, "prefill_chunk": prefill_chunk,
+                        "prefix_cache": prefix_cache, "decode_attention": decode_attention, "dtype": dtype}
+        self._version = 0
         self.eos_ids = eos_ids(model, tokenizer)
         self.dtype = _pick_dtype(model, dtype)
         self._forward_pass = PagedDecoder(model, self.dtype)
@@ -120,6 +127,26 @@ class EmbeddedEngine:
         shared.seed()
         self._scheduler = Scheduler(self.pool, view, max_batch_rows, prefill_chunk, self.eos_ids, tokenizer, shared)
         self._lock = threading.RLock()  # one driver at a time: generate() and the batcher's step()
+
+    @classmethod
+    def from_config(cls, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: torch.device | str | None,
+                    rollout: RolloutConfig, max_batch_rows: int | None = None) -> EmbeddedEngine:
+        """The engine `rollout` (the config's `rollout` section) describes."""
+        return cls(model, tokenizer, device, max_batch_rows, kv_block_size=rollout.kv_block_size,
+                   kv_blocks=rollout.kv_blocks, prefill_chunk=rollout.prefill_chunk, prefix_cache=rollout.prefix_cache,
+                   dtype=rollout.engine_dtype)
+
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights sampled from now; setting it empties the prefix cache."""
+        return self._version
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        with self._lock:
+            self._version = version
+            self._scheduler.version = version
+            self.pool.clear_cache()
 
     @property
     def stats(self) -> PoolStats:
@@ -154,8 +181,6 @@ class EmbeddedEngine:
                     target.copy_(tensor)
         with self._lock:
             self.weight_version = version
-            self._scheduler.version = version
-            self.pool.clear_cache()
             if self._forward_pass.dtype != self.model.get_input_embeddings().weight.dtype:
                 self._forward_pass = PagedDecoder(self.model, self.dtype)  # its cast copies, anew
 

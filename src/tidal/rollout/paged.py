@@ -155,6 +155,16 @@ class PagedDecoder:
         """Whether the model still holds the modules this forward read (an adapter injected since replaces them)."""
         return _module_ids(self.model) == self._modules
 
+    def _decode_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+        """Decode rows' attention: q (D, heads, hd) over keys/values (D, kv_heads, L, hd) -> (D, heads, hd).
+        Two matrix products on a CPU in float32 (faster there, measured), else sdpa (flash and
+        memory-efficient kernels on CUDA; on a CPU in bfloat16 sdpa is the faster)."""
+        if q.device.type == "cpu" and q.dtype == torch.float32:
+            return _grouped_attention(q, keys, values, mask, self.scaling)
+        return F.scaled_dot_product_attention(
+            q[:, :, None], keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.heads
+        )[:, :, 0]
+
     def forward(self, step: StepInput, pool: BlockPool, view: DecodeView | None) -> Tensor:
         """Logits (R, V) float32 at `step.logit_rows`; every token's keys and values are written
         to its pool slot (and the decode rows' to `view`, when given)."""
@@ -195,9 +205,7 @@ class PagedDecoder:
                     assert step.decode_key_slots is not None
                     keys, values = pool.gather(index, step.decode_key_slots)  # (D, L, kv_heads, head_dim)
                     keys, values = keys.transpose(1, 2), values.transpose(1, 2)
-                attended[:decode] = F.scaled_dot_product_attention(
-                    q[:decode, :, None], keys, values, attn_mask=decode_mask, scale=self.scaling, enable_gqa=gqa
-                )[:, :, 0]
+                attended[:decode] = self._decode_attention(q[:decode], keys, values, decode_mask)
             for chunk, mask in zip(step.chunks, chunk_masks):
                 keys, values = pool.gather(index, chunk.key_slots)  # (P + T, kv_heads, head_dim)
                 queries = q[chunk.start : chunk.start + chunk.tokens].transpose(0, 1)[None]  # (1, heads, T, D)
@@ -214,6 +222,19 @@ class PagedDecoder:
         return self.head(last).float()  # (R, V)
 
 
+def _grouped_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """One query per row against its keys, each key head serving its group of query heads:
+    q (D, heads, hd), keys/values (D, kv_heads, L, hd), mask (D, 1, 1, L) or None -> (D, heads, hd).
+    Two batched matrix products; on a CPU in float32 about twice as fast as sdpa's flash kernel for
+    a single query (bench/RESULTS.md, "Rollout")."""
+    rows, heads, dim = q.shape
+    kv_heads = keys.shape[1]
+    scores = torch.matmul(q.view(rows, kv_heads, heads // kv_heads, dim), keys.transpose(-1, -2)) * scale  # (D, kv, G, L)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), values).view(rows, heads, dim)
+
+
 def matmul_rate(dtype: torch.dtype, device: torch.device | str, rows: int, inputs: int, outputs: int,
                 repeats: int = 10) -> float:
     """FLOP/s of `F.linear` of a (rows, inputs) activation by an (outputs, inputs) weight in
@@ -222,15 +243,17 @@ def matmul_rate(dtype: torch.dtype, device: torch.device | str, rows: int, input
 
     activation = torch.randn(rows, inputs, device=device).to(dtype)
     weight = torch.randn(outputs, inputs, device=device).to(dtype)
-    for _ in range(2):
-        F.linear(activation, weight)
     synchronize = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        F.linear(activation, weight)
-    synchronize()
-    return 2.0 * rows * inputs * outputs * repeats / (time.perf_counter() - start)
+    F.linear(activation, weight)
+    fastest = float("inf")
+    for _ in range(5):  # the fastest of a few trials: the bound, not the load of the moment
+        synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            F.linear(activation, weight)
+        synchronize()
+        fastest = min(fastest, time.perf_counter() - start)
+    return 2.0 * rows * inputs * outputs * repeats / fastest
 
 
 def _module_ids(model: torch.nn.Module) -> list[int]:

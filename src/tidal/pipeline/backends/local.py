@@ -51,7 +51,8 @@ def rollout_engine(parts: LoopParts) -> EmbeddedEngine:
     if not isinstance(parts.engine, EmbeddedEngine):
         raise TypeError(f"the local backend copies an EmbeddedEngine's model; got {type(parts.engine).__name__}")
     model = policy_copy(parts).eval().requires_grad_(False)
-    engine = EmbeddedEngine(model, parts.engine.tokenizer, parts.engine.device, parts.engine.max_batch_rows)
+    engine = EmbeddedEngine(model, parts.engine.tokenizer, parts.engine.device, parts.engine.max_batch_rows,
+                            **parts.engine.options)  # type: ignore[arg-type]
     engine.weight_version = UNLOADED
     return engine
 

@@ -105,7 +105,7 @@ class RolloutActor:
 
             model, tokenizer = ray.get(policy[0])
             model = model.to(self.device).eval().requires_grad_(False)
-            engine = EmbeddedEngine(model, tokenizer, self.device, self.max_batch_rows)
+            engine = EmbeddedEngine.from_config(model, tokenizer, self.device, self.config.rollout, self.max_batch_rows)
             engine.weight_version = UNLOADED  # a new (or restarted) actor generates only with verified weights
             self.sampler = Sampler(self.config, self.run_name, engine)
         return self.sampler
