@@ -191,7 +191,7 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]]) -> str:
     lines = [
         section_name(args),
         "",
-        f"Generated tokens/s on GRPO groups: {args.prompts} prompts x {args.samples} samples, {args.prompt_tokens} "
+        (f"Generated tokens/s on GRPO groups: {args.prompts} prompts x {args.samples} samples, {args.prompt_tokens} "
         f"prompt tokens, exactly {args.new_tokens} new tokens each, temperature 1, on the "
         f"{'GPU' if args.device == 'cuda' else 'CPU'}. HF is `model.generate(num_return_sequences={args.samples}, "
         "use_cache=True)`; static is the engine before paged KV (`StaticEngine`); embedded is the paged, "
@@ -199,12 +199,12 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]]) -> str:
         f"{args.repeats} interleaved rounds in one process; each ratio is the median of the per-round ratios "
         "against HF. Bound: the decode shape's matmul rate (`F.linear`, rows x hidden -> intermediate, measured in "
         "the same run) over 2 x the matmul parameters per token; % of bound is tokens/s over it (fp32 bound for "
-        "the fp32 sides, bf16 for bf16).",
+        "the fp32 sides, bf16 for bf16)."),
         "",
         command_line(command, *versions),
         "",
-        "| model | threads | HF (tok/s) | static (tok/s) | embedded fp32 (tok/s) | embedded bf16 (tok/s) | static / HF "
-        "| **embedded / HF** | bf16 / HF | bound fp32 / bf16 (tok/s) | % of bound: HF, embedded, bf16 |",
+        ("| model | threads | HF (tok/s) | static (tok/s) | embedded fp32 (tok/s) | embedded bf16 (tok/s) | static / HF "
+         "| **embedded / HF** | bf16 / HF | bound fp32 / bf16 (tok/s) | % of bound: HF, embedded, bf16 |"),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:

@@ -1,6 +1,6 @@
 """rollout layer: inference engines behind one protocol, with versioned weight updates."""
 
-from tidal.rollout.engine import EmbeddedEngine, SamplingParams
+from tidal.rollout.engine import EmbeddedEngine, Request, SamplingParams
 from tidal.rollout.protocol import RolloutEngine
 
-__all__ = ["EmbeddedEngine", "RolloutEngine", "SamplingParams"]
+__all__ = ["EmbeddedEngine", "Request", "RolloutEngine", "SamplingParams"]

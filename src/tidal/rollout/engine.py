@@ -28,7 +28,12 @@ from tidal.rollout.blocks import BlockPool, PoolStats
 from tidal.rollout.lean import LeanDecoder
 from tidal.rollout.paged import Chunk, DecodeView, PagedDecoder, StepInput, matmul_rate
 from tidal.rollout.sampling import (
-    Cancel, SamplingParams, TokenCallback, cut_at_stop, derived_seed, eos_ids,
+    Cancel,
+    SamplingParams,
+    TokenCallback,
+    cut_at_stop,
+    derived_seed,
+    eos_ids,
 )
 from tidal.rollout.scheduler import KVPoolTooSmall, Request, RequestHandle, Scheduler
 from tidal.types import Completion

@@ -20,7 +20,14 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from tidal.errors import PreemptedError
 from tidal.rollout.kv import FlatCache, supports_flat_cache
 from tidal.rollout.lean import LeanCache, LeanDecoder
-from tidal.rollout.sampling import Cancel, SamplingParams, TokenCallback, cut_at_stop, eos_ids, sample
+from tidal.rollout.sampling import (
+    Cancel,
+    SamplingParams,
+    TokenCallback,
+    cut_at_stop,
+    eos_ids,
+    sample,
+)
 from tidal.types import Completion, FinishReason
 
 SYNC_EVERY = 8  # on an accelerator, decode steps between looks at which rows are done
