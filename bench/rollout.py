@@ -220,16 +220,19 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]]) -> str:
 
 
 WHERE_TIME_GOES = (
-    "Where the time goes (`--profile`, and cProfile of one call): HF prefills each prompt 8 times, the engines once "
-    "(the other 7 samples fork its blocks). On the real model in fp32 the decode step is the matmuls at about a third "
-    "of the fp32 bound, then `scaled_dot_product_attention` over the decode view (~15%), then sampling over the "
-    "49k vocabulary (one `exp` pass and a two-level inverse CDF: one uniform per row, ~5%; a per-row `multinomial` "
-    "took 65 ms a step). In bf16 (AMX on this CPU: the bf16 matmul measures about 4x fp32 at this shape) the "
-    "matmuls shrink and attention and sampling, both still memory-bound fp32/bf16 passes, are the larger share. "
-    "The paged KV itself costs one `index_copy_` per layer into the pool and one strided write into the decode view; "
-    "gathering every row's blocks at every step instead (`decode_attention=\"gather\"`) measured 10-30% slower. "
-    "The machine's two cores are shared with other work, so rows measured at other times differ by up to 2x: "
-    "compare ratios within a row."
+    "Where the time goes (`--profile` and torch.profiler of one call, 1 thread): HF prefills each prompt 8 times, "
+    "the engines once (the other 7 samples fork its blocks), and HF samples with a batched `multinomial` over the "
+    "vocabulary. SmolLM2 in fp32: matrix products 66% of the engine's CPU time (the decode matmuls at about 45% "
+    "of the measured fp32 bound: the LM head's and the k/v projections' shapes run slower than the bound's), "
+    "decode attention 18% (two batched matmuls over the decode view; sdpa's flash kernel for one query was about "
+    "2x slower), everything else under 3% each (pool writes `index_copy_` 1%, sampling: one `exp` pass and a "
+    "two-level inverse CDF with one uniform per row, 2%; a `multinomial` per seeded row took 65 ms a step). "
+    "SmolLM2 in bf16 (AMX: the bf16 matmul measures about 5x fp32 at this shape): matmuls 50%, sdpa 17%, dtype "
+    "casts around the fp32 norms and logits 10%, sampling over the 49k vocabulary in fp32 6%. The fp32 engine "
+    "matches the static one on this static workload (same matmuls; the paged engine's gains are continuous "
+    "batching, the prefix cache and per-row parameters); bf16 is where the real model passes 3x HF. The two "
+    "cores are shared with other work, so rows measured at other times differ by up to 2x: compare ratios "
+    "within a row."
 )
 
 

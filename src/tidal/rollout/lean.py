@@ -12,7 +12,8 @@ own rotary embeddings (so rope scaling variants are its own), grouped-query atte
 SwiGLU MLP; then the final norm and the LM head on the last position only. Logits match the
 `transformers` forward to float rounding (tests/unit/rollout/test_lean.py). `supports(model)` says
 whether a model has exactly that structure; anything else falls back to the `transformers`
-forward (`EmbeddedEngine(..., kv_cache="dynamic")` forces it).
+forward (`StaticEngine(..., kv_cache="dynamic")` forces it). The paged engine runs the same
+arithmetic over paged KV (rollout/paged.py).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from tidal.errors import PreemptedError
+from tidal.rollout.engine import ACCELERATOR_BATCH_ROWS, CPU_BATCH_ROWS
 from tidal.rollout.kv import FlatCache, supports_flat_cache
 from tidal.rollout.lean import LeanCache, LeanDecoder
 from tidal.rollout.sampling import (
@@ -31,8 +32,6 @@ from tidal.rollout.sampling import (
 from tidal.types import Completion, FinishReason
 
 SYNC_EVERY = 8  # on an accelerator, decode steps between looks at which rows are done
-CPU_BATCH_ROWS = 256  # default `max_batch_rows` on a CPU
-ACCELERATOR_BATCH_ROWS = 4096  # and on an accelerator
 
 @dataclass
 class _Unit:
