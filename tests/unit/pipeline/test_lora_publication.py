@@ -141,13 +141,13 @@ def test_merged_weights_without_the_adapter_are_refused(adapted: LoadedModel, mo
 
 
 def test_an_engine_built_before_the_adapter_samples_from_it() -> None:
-    """The lean forward reads the projections' weights directly: it must not serve an adapted
-    model, not even one whose adapter was injected after the engine was built."""
+    """The engine's forward reads plain projections' weights directly: it must not serve an adapted
+    model as the base one, not even one whose adapter was injected after the engine was built."""
     loaded = load_model(ModelConfig(path="tiny", tiny=TINY, device="cpu", seed=0))
     engine = EmbeddedEngine(loaded.model, loaded.tokenizer, "cpu")
-    assert engine._lean is not None
+    assert engine._forward_pass.current()
     lora.apply_lora(loaded.model, LoraConfig(enabled=True, r=4, alpha=16.0), seed=0)
-    assert not LeanDecoder.supports(loaded.model)
+    assert not LeanDecoder.supports(loaded.model) and not engine._forward_pass.current()
     _update_adapter(loaded.model, seed=5)
     prompt = canary_ids(loaded.tokenizer)[:6]
     tokens, sampled = _sampled_logprobs(engine, prompt)
