@@ -1,5 +1,5 @@
-"""Concurrent local episodes share engine calls: with four episodes at once the engine is called
-fewer times than there are turns, and every episode is token for token the one it is alone."""
+"""Concurrent local episodes share engine steps: with four episodes at once several turns run in
+one step of the engine's batch, and every episode is token for token the one it is alone."""
 
 from __future__ import annotations
 
@@ -42,17 +42,23 @@ def bwrap() -> SandboxBackend:
 
 
 class CountingEngine:
-    """The real engine, with every `generate` call's row count written down."""
+    """The real engine, with the turns submitted and the turns running in each step written down."""
 
     def __init__(self, engine: EmbeddedEngine) -> None:
-        self.engine, self.calls = engine, []  # rows per call
+        self.engine, self.submitted, self.shared = engine, 0, []  # requests running per step
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
-    def generate(self, prompts: list[list[int]], n: int, params: Any, **options: Any) -> Any:
-        self.calls.append(len(prompts) * n)
-        return self.engine.generate(prompts, n, params, **options)
+    def submit(self, request: Any) -> Any:
+        self.submitted += 1
+        return self.engine.submit(request)
+
+    def step(self) -> Any:
+        scheduler = self.engine._scheduler
+        running = [*scheduler.decoding, *scheduler.prefilling, *scheduler.waiting]
+        self.shared.append(len({id(sequence.handle) for sequence in running}))
+        return self.engine.step()
 
 
 def _policy(max_batch: int) -> tuple[LocalPolicy, CountingEngine]:
@@ -71,7 +77,7 @@ def _episodes(out: Path) -> dict[str, tuple[Any, ...]]:
     return episodes
 
 
-def test_concurrent_turns_share_engine_calls_and_change_nothing(bwrap: SandboxBackend, tmp_path: Path) -> None:
+def test_concurrent_turns_share_engine_steps_and_change_nothing(bwrap: SandboxBackend, tmp_path: Path) -> None:
     tasks = generate_tasks("agent", 4, "eval", seed=11, min_difficulty=1, max_difficulty=2)
     alone, alone_engine = _policy(max_batch=1)
     run_eval(alone, tasks, tmp_path / "alone", bwrap, SETTINGS, concurrency=4)
@@ -79,8 +85,9 @@ def test_concurrent_turns_share_engine_calls_and_change_nothing(bwrap: SandboxBa
     run_eval(batched, tasks, tmp_path / "batched", bwrap, SETTINGS, concurrency=4)
     turns = sum(episode[1] for episode in _episodes(tmp_path / "batched").values())
     assert turns == 12  # four episodes of three turns
-    assert len(alone_engine.calls) == turns and set(alone_engine.calls) == {1}
-    assert len(batched_engine.calls) < turns and max(batched_engine.calls) > 1, batched_engine.calls
+    assert alone_engine.submitted == batched_engine.submitted == turns
+    assert set(alone_engine.shared) == {1}
+    assert max(batched_engine.shared) > 1, "concurrent turns share engine steps"
     assert _episodes(tmp_path / "batched") == _episodes(tmp_path / "alone")
     alone.close()
     batched.close()
