@@ -96,3 +96,12 @@ def test_lora_configs_that_cannot_work_fail_at_load(overrides: list[str], messag
         load_config(SMOKE, ["trainer.lora.enabled=true", *overrides])
     assert message in str(caught.value)
     load_config(SMOKE, ["trainer.lora.enabled=true", "trainer.lora.publish=adapter"])
+
+
+def test_bad_engine_settings_fail_at_load_all_at_once() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(SMOKE, ["rollout.kv_block_size=0", "rollout.prefill_chunk=0", "rollout.engine_dtype=fp8"])
+    message = str(caught.value)
+    assert "rollout.kv_block_size" in message and "rollout.prefill_chunk" in message and "rollout.engine_dtype" in message
+    config = load_config(SMOKE, ["rollout.kv_blocks=64", "rollout.prefix_cache=false", "rollout.engine_dtype=auto"])
+    assert (config.rollout.kv_blocks, config.rollout.prefix_cache, config.rollout.engine_dtype) == (64, False, "auto")
