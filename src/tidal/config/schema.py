@@ -588,9 +588,6 @@ class TidalConfig(Section):
     def _lora_supported(self) -> TidalConfig:
         if not self.trainer.lora.enabled:
             return self
-        if self.trainer.parallel.strategy == "fsdp2":
-            raise ValueError("trainer.lora with trainer.parallel.strategy 'fsdp2' is not supported: the adapter is a "
-                             "small fraction of the weights, so shard nothing (strategy ddp or none), or train in full")
         from tidal.algos.advantages import CRITIC_ADVANTAGES
 
         if self.algorithm.advantage in CRITIC_ADVANTAGES:
