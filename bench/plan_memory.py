@@ -46,6 +46,8 @@ MIB = 1 << 20
 TINY = ["model.tiny.hidden_size=256", "model.tiny.num_layers=4", "model.tiny.num_heads=4",
         "model.tiny.num_kv_heads=2", "model.tiny.intermediate_size=768", "rollout.max_new_tokens=64",
         "tasks.tasks_per_step=2", "rollout.group_size=8", "trainer.micro_batch_size=16"]
+# Deeper and longer: where the layers' activations, which checkpointing drops, dominate the update.
+DEEP = [*TINY[:1], "model.tiny.num_layers=12", *TINY[2:5], "rollout.max_new_tokens=192", *TINY[6:]]
 
 
 def smoke_row() -> tuple[str, ...]:
@@ -102,8 +104,12 @@ def main() -> None:
         rows.append(smoke_row())
         for label, extra in (("tiny 3.2M, fp32", ["trainer.precision=fp32"]),
                              ("tiny 3.2M, fp32, checkpointing", ["trainer.precision=fp32", "trainer.gradient_checkpointing=true"]),
-                             ("tiny 3.2M, bf16", ["trainer.precision=bf16"])):
+                             ("tiny 3.2M, bf16", ["trainer.precision=bf16"]),
+                             ("tiny 3.2M, fp32, LoRA", ["trainer.precision=fp32", "trainer.lora.enabled=true"])):
             rows.append(update_row(label, SMOKE, [*TINY, *extra], 32, args.steps))
+        for label, extra in (("tiny 12 layers, fp32", []), ("tiny 12 layers, fp32, checkpointing",
+                                                            ["trainer.gradient_checkpointing=true"])):
+            rows.append(update_row(label, SMOKE, [*DEEP, "trainer.precision=fp32", *extra], 64, args.steps))
     if args.model:
         rows += model_rows(args.model, args.steps, args.device)
     command = "python bench/plan_memory.py" + (f" --device {args.device}" if args.device != "cpu" else "") + (
