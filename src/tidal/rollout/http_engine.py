@@ -380,6 +380,18 @@ class HttpEngine:
                 shutil.rmtree(folder, ignore_errors=True)
 
 
+def eos_ids_for(model: Any, tokenizer: Any) -> list[int]:
+    """Every id that ends a completion of `model`: the tokenizer's eos plus its generation config's
+    (the embedded engine's rule, for an engine that has the model's config but not its server)."""
+    ids: list[int] = []
+    generation = getattr(model, "generation_config", None)
+    for candidate in (tokenizer.eos_token_id, getattr(generation, "eos_token_id", None)):
+        for value in candidate if isinstance(candidate, (list, tuple)) else [candidate]:
+            if value is not None and int(value) not in ids:
+                ids.append(int(value))
+    return ids
+
+
 def _token_id_text(token: Any, where: str, malformed: Any) -> int:
     """vLLM's `return_tokens_as_token_ids` token text, 'token_id:123', as 123."""
     if isinstance(token, str) and token.startswith("token_id:") and token[9:].isdigit():

@@ -58,3 +58,10 @@ class LoadsWeights(Protocol):
         """log p(ids[t] | ids[:t]) for t >= 1, at temperature 1, under the weights it holds now:
         (len(ids) - 1,) values, what the trainer's canary check compares."""
         ...
+
+
+@runtime_checkable
+class ReportsStats(Protocol):
+    """An engine with counters of its own for the run's metrics rows (the HTTP engine's requests)."""
+
+    def stats(self) -> dict[str, int]: ...
