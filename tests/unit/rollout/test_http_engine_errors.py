@@ -45,7 +45,7 @@ class _Fake:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
                 raw = self.rfile.read(length)
                 body = json.loads(raw) if self.headers.get("content-type") == "application/json" else {}
