@@ -103,14 +103,14 @@ def split_by_task(items: list[tuple[Task, str | bytes]], parts: int) -> list[lis
 
 
 def policy_copy(parts: LoopParts) -> torch.nn.Module:
-    """A rollout worker's own copy of the run's policy (the trainer's model): a plain copy, or for a
+    """A rollout worker's own copy of the run's policy (the engine's model): a plain copy, or for a
     LoRA-adapted policy the model its publications fit, `trainer.lora.publish` deciding
     (trainer/lora.py, `rollout_copy`: a plain model for merged weights, the adapted one for an adapter)."""
     import copy
 
     from tidal.trainer.lora import has_adapter, rollout_copy
 
-    model = parts.trainer.model  # the policy the trainer updates (the embedded engine samples with this same model)
+    model = parts.engine.model
     if has_adapter(model):
         return rollout_copy(model, parts.config.trainer.lora.publish)
     return copy.deepcopy(model)
