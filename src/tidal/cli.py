@@ -346,6 +346,10 @@ def serve(
     device: str = typer.Option("auto", help="auto, cpu or cuda"),
     seed: int = typer.Option(0, help="init seed of the tiny model"),
     threads: Optional[int] = typer.Option(None, min=1, help="torch CPU threads (default: torch's own)"),
+    allow_weight_updates: bool = typer.Option(
+        False, help="accept POST /v1/weights (an RL trainer's weight reloads: uploads, and paths under --weights-dir)"
+    ),
+    weights_dir: Optional[Path] = typer.Option(None, help="the folder reloads by path may read from"),
 ) -> None:
     """An OpenAI-compatible HTTP server (/v1/models, /v1/chat/completions with tools and streaming,
     /v1/completions, /metrics) over the embedded engine, batching concurrent requests."""
@@ -363,7 +367,8 @@ def serve(
             max_batch=max_batch,
             max_queue=max_queue,
         )
-        state = build_state(model, limits, api_key=api_key, device=device, seed=seed)
+        state = build_state(model, limits, api_key=api_key, device=device, seed=seed,
+                            allow_weight_updates=allow_weight_updates, weights_dir=weights_dir)
     except (TidalError, ValueError) as error:
         _fail(error)
     typer.echo(f"serving {state.model_id} on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""), err=True)

@@ -116,6 +116,28 @@ class WeightVerificationError(TidalError):
     canary logprobs); the worker refuses to generate with them."""
 
 
+class EngineServerError(TidalError):
+    """The HTTP rollout engine's server failed a request (rollout/http_engine.py); `url` and the
+    HTTP `status` (None: no answer) say where."""
+
+    def __init__(self, message: str, url: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.url, self.status = url, status
+
+
+class EngineUnavailableError(EngineServerError):
+    """The server could not be reached, timed out, or answered 429/5xx after every retry."""
+
+
+class EngineRequestError(EngineServerError):
+    """The server refused the request (4xx: a wrong key, model id or parameter); not retried."""
+
+
+class EngineResponseError(EngineServerError):
+    """The server answered 200 with a body that is not what was asked for (malformed JSON, token
+    ids outside the vocabulary, logprobs that do not match the tokens, missing choices)."""
+
+
 class WeightTimeoutError(TidalError):
     """The weights a rollout worker needs were not published (or could not be fetched) within
     `pipeline.weight_timeout_s`."""

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tidal.config.engine import HttpEngineConfig
 from tidal.config.scale import LoraConfig, ParallelConfig, check_world_size
 from tidal.domains.adaptive import AdaptiveWeightsConfig
 from tidal.domains.curriculum import CurriculumConfig
@@ -70,6 +71,17 @@ class RolloutConfig(Section):
     agent_max_tokens: int = Field(
         2048, ge=16, le=1 << 20, description="context tokens an agent episode may reach (prompt, turns, tool results)"
     )
+    engine: Literal["embedded", "http"] = Field(
+        "embedded", description="embedded: sample with the trainer's own model in this process | http: an external "
+        "OpenAI-compatible server (`rollout.http`), weights published through its reload endpoint"
+    )
+    http: HttpEngineConfig | None = Field(None, description="engine: http: the server (config/engine.py)")
+
+    @model_validator(mode="after")
+    def _http_has_server(self) -> RolloutConfig:
+        if self.engine == "http" and self.http is None:
+            raise ValueError("rollout.engine is http but rollout.http is not set: give its base_url and model")
+        return self
 
 
 class DomainVerifier(Section):
@@ -593,6 +605,18 @@ class TidalConfig(Section):
         if self.algorithm.advantage in CRITIC_ADVANTAGES:
             raise ValueError(f"trainer.lora with algorithm.advantage {self.algorithm.advantage!r} is not supported: "
                              "the value model copies the policy's backbone in full; use a critic-free estimator (grpo, ...)")
+        return self
+
+    @model_validator(mode="after")
+    def _http_engine_supported(self) -> TidalConfig:
+        if self.rollout.engine != "http":
+            return self
+        if self.pipeline.mode != "sync":
+            raise ValueError("rollout.engine=http runs with pipeline.mode=sync only (async rollout workers on an "
+                             "HTTP server are not built yet)")
+        if self.merge.weight < 1:
+            raise ValueError("rollout.engine=http cannot evaluate a merged policy yet (merge.weight < 1): the "
+                             "server would have to be sent the merged weights and back; set merge.weight=1")
         return self
 
     @model_validator(mode="after")

@@ -18,7 +18,8 @@ from typing import Any
 
 from tidal.eval.stats import paired_difference, wilson_interval
 from tidal.models.io import render_prompt
-from tidal.rollout.engine import EmbeddedEngine, SamplingParams
+from tidal.rollout.engine import SamplingParams
+from tidal.rollout.protocol import RolloutEngine
 from tidal.types import Outcome, Task
 
 
@@ -48,7 +49,7 @@ def _record(task: Task, scores: list[Any], completion_tokens: int, answers: list
 
 
 def evaluate_policy(
-    engine: EmbeddedEngine,
+    engine: RolloutEngine,
     tasks: Sequence[Task],
     score_many: Callable[[list[tuple[Task, str]]], list[Any]],
     *,

@@ -183,7 +183,7 @@ def resume_rl(parts: LoopParts, checkpoint: Path | None = None) -> int:
         parts.watch.load_state_dict(extra["watch"])
     if extra.get("domains"):
         parts.domains.load_state_dict(extra["domains"])
-    parts.engine.update_weights(None, version=int(extra.get("weight_version", step)))
+    parts.sync_engine(int(extra.get("weight_version", step)))
     return step
 
 

@@ -40,7 +40,9 @@ from tidal.pipeline.stages import LoopParts
 from tidal.pipeline.warmstart import sft_examples, split_for_warm_start, warm_start
 from tidal.reward import known_verifiers
 from tidal.reward.scorer import Scorer
-from tidal.rollout.engine import EmbeddedEngine
+from tidal.pipeline.engines import build_engine, holds_copy
+from tidal.pipeline.weights import publish_to_engine
+from tidal.rollout.protocol import RolloutEngine
 from tidal.storage.run import RunFolder
 from tidal.storage.trajectories import TrajectoryWriter
 from tidal.tasks import generate_tasks, load_tasks, write_tasks
@@ -108,7 +110,7 @@ def with_domain_prompt(
 
 
 def build_parts(
-    cfg: TidalConfig, run: RunFolder, engine: EmbeddedEngine, trainer: Trainer, scorer: Scorer,
+    cfg: TidalConfig, run: RunFolder, engine: RolloutEngine, trainer: Trainer, scorer: Scorer,
     train_by_domain: dict[str, list[Task]], warm_tasks: list[Task],
 ) -> LoopParts:
     """The loop's parts: the mixer over the train tasks, the watch, the domains' runtime (with
@@ -123,7 +125,7 @@ def build_parts(
         auditor = make_suspect_auditor(cfg, {t.id: t for t in all_train})
     domains = DomainRuntime(cfg, mixer, base, auditor)
     return LoopParts(cfg, run, engine, trainer, scorer, mixer, domains, TaskWatch(cfg.audit.watch),
-                     engine.tokenizer.pad_token_id)
+                     engine.tokenizer.pad_token_id, engine_holds_copy=holds_copy(cfg))
 
 
 class ProgressHook:
@@ -218,7 +220,9 @@ class Job:
                 trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
                 self.progress.log(f"LoRA r={cfg.trainer.lora.r}: {trainable / 1e6:.3f}M trainable parameters")
             # Built after the adapter is in: the engine picks its forward from the model's layers.
-            engine = EmbeddedEngine(model, tokenizer, device)
+            engine = build_engine(cfg, model, tokenizer, device, run.path)
+            if holds_copy(cfg):  # an HTTP server: it gets the (warm-started) policy before evaluating it
+                publish_to_engine(engine, model, 0, cfg.pipeline.canary_tolerance)
             # With LoRA the reference is the base model, the adapter switched off (no copy).
             reference = copy.deepcopy(model).eval() if cfg.algorithm.kl_coef > 0 and not lora else None
             # The weights RL starts from, merged back into what is evaluated and exported; a copy of
@@ -240,6 +244,9 @@ class Job:
                 if isinstance(trainer, ParallelTrainer):
                     trainer.close()
             after = evaluate("after")
+            close = getattr(engine, "close", None)  # the HTTP engine's request threads
+            if close is not None:
+                close()
             with merge.view(model) if merge is not None else contextlib.nullcontext():
                 policy = self._export_policy(model, tokenizer, merge)
         summary = self._summary(loaded.source, count_parameters(model), before, after, rl_seconds)
@@ -325,7 +332,7 @@ class Job:
         model.load_state_dict(state, strict=False)
 
     def _evaluate(
-        self, tag: str, engine: EmbeddedEngine, scorer: Scorer, tasks: list[Task], force: bool = False
+        self, tag: str, engine: RolloutEngine, scorer: Scorer, tasks: list[Task], force: bool = False
     ) -> list[dict[str, Any]]:
         """Evaluate on the held-out tasks, or reuse the records of a finished earlier attempt."""
         if f"eval_{tag}" in self.state and not force:

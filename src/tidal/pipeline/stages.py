@@ -21,6 +21,7 @@ from tidal.gate import gate_episodes
 from tidal.models.io import render_prompt
 from tidal.pipeline.agent_rollout import sample_agent_groups
 from tidal.pipeline.domains import DomainRuntime
+from tidal.pipeline.weights import publish_to_engine
 from tidal.reward.protocol import ScoringWorker
 from tidal.rollout.engine import Cancel, SamplingParams
 from tidal.rollout.protocol import RolloutEngine
@@ -46,6 +47,19 @@ class LoopParts:
     domains: DomainRuntime  # per-domain composition, normalisation, curriculum, replay
     watch: TaskWatch  # the continuous audit: quarantines tasks from the gate's signals
     pad_id: int
+    # Whether `engine` holds its own copy of the policy (an HTTP server) rather than sampling with
+    # the trainer's model: then each version is published to it and verified (`sync_engine`).
+    engine_holds_copy: bool = False
+
+    def sync_engine(self, version: int) -> None:
+        """Bring `engine` to the trainer's weights after `version` updates: a version bump when it
+        samples with the trainer's model; else a publication loaded into it and verified
+        (checksum where it was loaded, canary logprobs from the engine), `WeightVerificationError`
+        when it does not hold what the trainer has."""
+        if not self.engine_holds_copy:
+            self.engine.update_weights(None, version=version)
+            return
+        publish_to_engine(self.engine, self.trainer.model, version, self.config.pipeline.canary_tolerance)
 
     def draw_tasks(self, step: int) -> list[Task]:
         """Batch `step`'s tasks from the mixer (more than `tasks_per_step` under dynamic sampling)."""

@@ -96,3 +96,30 @@ def test_lora_configs_that_cannot_work_fail_at_load(overrides: list[str], messag
     assert message in str(caught.value)
     load_config(SMOKE, ["trainer.lora.enabled=true", "trainer.lora.publish=adapter"])
     load_config(SMOKE, ["trainer.lora.enabled=true", "trainer.parallel.strategy=fsdp2", "trainer.parallel.world_size=2"])
+
+
+HTTP = ["rollout.engine=http", "rollout.http.base_url=http://gpu-node:8000/v1/", "rollout.http.model=policy"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rollout.engine=http"], "rollout.http is not set"),
+        ([*HTTP, "rollout.http.base_url=gpu-node:8000"], "is not an http(s) URL"),
+        ([*HTTP, "rollout.http.api_key_env=TIDAL_TEST_UNSET_KEY"], "TIDAL_TEST_UNSET_KEY is not set"),
+        ([*HTTP, "rollout.http.max_concurrency=0"], "max_concurrency"),
+        ([*HTTP, "rollout.http.weight_transfer=ftp"], "weight_transfer"),
+        ([*HTTP, "pipeline.mode=async"], "pipeline.mode=sync only"),
+        ([*HTTP, "merge.weight=0.5"], "merge.weight < 1"),
+    ],
+)
+def test_http_engine_configs_that_cannot_work_fail_at_load(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(SMOKE, overrides)
+    assert message in str(caught.value)
+
+
+def test_an_http_engine_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIDAL_TEST_KEY", "secret")
+    config = load_config(SMOKE, [*HTTP, "rollout.http.api_key_env=TIDAL_TEST_KEY"])
+    assert config.rollout.http is not None and config.rollout.http.base_url == "http://gpu-node:8000/v1"
