@@ -321,9 +321,13 @@ def repeat_warning(epochs: int, temperature: float) -> str | None:
 def interval_note(summary: dict[str, Any], epochs: int, temperature: float) -> str:
     """What the headline interval means, in a sentence for the report."""
     interval = summary.get("interval") or {}
-    text = (f"95% interval clustered by task over {interval.get('clusters', 0)} tasks and "
-            f"{interval.get('samples', 0)} scored episodes (design effect {interval.get('design_effect', 1.0):.2f}: "
-            "episodes of one task are not independent draws)")
+    clusters, samples = interval.get("clusters", 0), interval.get("samples", 0)
+    if samples <= clusters:
+        return (f"95% Wilson interval over {clusters} tasks, one scored episode each: the tasks are the "
+                "independent samples, and the interval says how the rate would move on another draw of tasks.")
+    text = (f"95% interval clustered by task over {clusters} tasks and {samples} scored episodes (design "
+            f"effect {interval.get('design_effect', 1.0):.2f}: episodes of one task are not independent draws, "
+            "so the interval is about another draw of tasks, not only of episodes)")
     if epochs > 1 and temperature == 0:
         text += "; at temperature 0 the repeats are identical, so it is the interval over tasks"
     return text + "."
