@@ -25,7 +25,12 @@ from typing import Any
 from tidal.agent.policy import Policy
 from tidal.agent.records import AgentOutcome
 from tidal.agent.runner import is_context_refusal
-from tidal.errors import EndpointAuthError, EndpointConfigError, EndpointRequestError, EndpointUnavailableError
+from tidal.errors import (
+    EndpointAuthError,
+    EndpointConfigError,
+    EndpointRequestError,
+    EndpointUnavailableError,
+)
 from tidal.reward.base import FORMAT_ERROR, TASK_PROBLEM
 from tidal.types import Outcome, Score, Task
 

@@ -259,30 +259,38 @@ def run_eval(policy: Policy, tasks: Sequence[Task], out: str | Path, backend: Sa
             on_result(record)
         return record
 
-    ran = 0
     try:
-        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tidal-eval") as pool:
-            pending: set[Future[dict[str, Any]]] = set()
-            queue = list(work)
-            while queue or pending:
-                while queue and len(pending) < concurrency and not stop.is_set():
-                    pending.add(pool.submit(one, *queue.pop(0)))
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    try:
-                        future.result()
-                        ran += 1
-                    except (EndpointAuthError, EndpointConfigError):
-                        stop.set()
-                        queue.clear()
-                        for other in pending:
-                            other.cancel()
-                        raise
+        ran = _run_all(work, one, concurrency, stop)
     finally:
         store.close()
         if scorer is not None:
             scorer.close()
     return EvalRun(out, latest_records(read_results(out / RESULTS)), ran, len(done))
+
+
+def _run_all(work: list[tuple[Task, int]], one: Callable[[Task, int], dict[str, Any]], concurrency: int,
+             stop: threading.Event) -> int:
+    """Run `one` on every (task, epoch), `concurrency` at a time; how many finished. An auth or
+    config error of the endpoint sets `stop`, cancels what waits, and propagates."""
+    ran = 0
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tidal-eval") as pool:
+        pending: set[Future[dict[str, Any]]] = set()
+        queue = list(work)
+        while queue or pending:
+            while queue and len(pending) < concurrency and not stop.is_set():
+                pending.add(pool.submit(one, *queue.pop(0)))
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                try:
+                    future.result()
+                    ran += 1
+                except (EndpointAuthError, EndpointConfigError):
+                    stop.set()
+                    queue.clear()
+                    for other in pending:
+                        other.cancel()
+                    raise
+    return ran
 
 
 def view_of(folder: Path, settings: EvalSettings, baseline: list[dict[str, Any]] | None = None) -> Any:

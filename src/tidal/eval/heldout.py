@@ -27,7 +27,6 @@ from tidal.models.io import render_prompt
 from tidal.rollout.engine import EmbeddedEngine, SamplingParams
 from tidal.types import Task
 
-
 CONFIG_DOMAIN_KEY = "config_domain"  # task.metadata: the config domain a run drew the task for
 
 

@@ -100,7 +100,7 @@ class _RefusingPolicy:
 
 
 def test_context_refusals_and_long_prompts_are_context_exceeded() -> None:
-    never = lambda items: pytest.fail("nothing is scored when nothing was generated")  # noqa: E731
+    never = lambda items: pytest.fail("nothing is scored when nothing was generated")
     refused = answer_task(_RefusingPolicy("HTTP 400: context_length_exceeded: the prompt has 900 tokens"), _math(),
                           never, seed=0, max_new_tokens=8, window=None)
     assert refused.outcome is AgentOutcome.CONTEXT_EXCEEDED and refused.reward == 0.0
