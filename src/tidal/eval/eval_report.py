@@ -214,7 +214,7 @@ def _task_section(view: EvalView, report_dir: Path) -> str:
             "(links to traces)</th><th>mean steps</th></tr>" + "".join(rows) + "</table></section>")
 
 
-def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Agent evaluation") -> str:
+def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Evaluation") -> str:
     """The report's HTML for `views` (the first is the candidate), links relative to `report_dir`."""
     lines = [_Line(v.name, PALETTE[i % len(PALETTE)], [(float(b), float(p)) for b, p in v.summary["success_by_steps"]])
              for i, v in enumerate(views)]
@@ -237,7 +237,7 @@ def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Ag
             + "".join(body) + "</main></body></html>")
 
 
-def write_eval_report(views: list[EvalView], path: Path, title: str = "Agent evaluation") -> Path:
+def write_eval_report(views: list[EvalView], path: Path, title: str = "Evaluation") -> Path:
     with atomic_writer(path) as handle:
         handle.write(render_eval_report(views, path.parent, title))
     return path
