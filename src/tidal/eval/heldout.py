@@ -7,9 +7,8 @@ model on the same tasks gives the same per-task results. A task's pass rate is t
 scored samples whose outcome is `pass`. Infra and verifier errors are not counted as failures:
 they are left out of the task's denominator and reported apart (a task with only those has no pass
 rate). Per-domain intervals are clustered by task (stats.clustered_interval): a task's samples are
-not independent draws. Tasks the audit
-quarantined (`quarantined` ids) are evaluated but reported apart: they count in no domain's rate,
-only in a `quarantined` entry. A record's domain is the config domain the run drew the task for
+not independent draws. Tasks the audit quarantined (`quarantined` ids) are evaluated but reported
+apart: they count in no domain's rate, only in a `quarantined` entry. A record's domain is the config domain the run drew the task for
 (`metadata.config_domain`, e.g. `math_new` for a hand-written math set), else the task's own.
 """
 
@@ -101,8 +100,9 @@ def evaluate_policy(
         elapsed = time.perf_counter() - began
         for i, (task, group) in enumerate(zip(chunk, groups)):
             task_scores = scores[i * samples_per_task : (i + 1) * samples_per_task]
-            by_id[task.id] = _record(task, [(judge(s), s.value) for s in task_scores], sum(len(c.token_ids) for c in group),
-                                     [c.text for c in group], elapsed / len(chunk), quarantined)
+            judged = [(judge(s), s.value) for s in task_scores]
+            by_id[task.id] = _record(task, judged, sum(len(c.token_ids) for c in group), [c.text for c in group],
+                                     elapsed / len(chunk), quarantined)
         if on_progress:
             on_progress(len(by_id), len(tasks))
     if multi:
