@@ -107,6 +107,10 @@ class TaskFolderError(TaskFormatError):
     """A terminal-task folder with missing or malformed files; one `FOLDER/FILE: message` per problem."""
 
 
+class QuarantineError(TidalError):
+    """A quarantine list (audit/quarantine.py) that cannot be read or does not have its format."""
+
+
 class EvalError(TidalError):
     """An evaluation that cannot go on (bad arguments, an out folder of another eval)."""
 

@@ -91,7 +91,12 @@ class ScriptedPolicy:
 
 
 def oracle_turns(task: Task) -> list[str]:
-    """The turns of an agent that runs the task's reference script with bash, then submits."""
+    """The turns of an agent that runs the task's reference script with bash, then submits; for a
+    single-turn task, its reference answer."""
+    from tidal.agent.sampling import is_multi_turn  # sampling imports the runner, which imports this
+
+    if not is_multi_turn(task):
+        return [task.reference or ""]
     if not task.reference:
         return [format_tool_call("submit", {})]
     return [format_tool_call("bash", {"command": task.reference}), format_tool_call("submit", {})]
