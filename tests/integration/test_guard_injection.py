@@ -14,7 +14,7 @@ from tidal.storage.schema import LEDGER
 from tidal.storage.store import existing_run_store
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 10
+STEPS = 12
 K = 2  # steps from a fault to its detection, at most
 # Every sample trains (the tiny model's answers are cut and unrewarded), and an entropy bonus and
 # a KL term give every update a gradient, so that a learning-rate spike moves the weights.
@@ -23,8 +23,10 @@ OVERRIDES = [f"trainer.steps={STEPS}", "trainer.checkpoint_every=1", "gate.drop_
              "pipeline.retry_backoff_s=0", "algorithm.entropy_coef=0.01", "algorithm.kl_coef=0.05",
              "guard.nonfinite.actions=[rollback]", "guard.grad_spike.actions=[rollback]",
              "guard.infra_errors.actions=[rollback]", "guard.reward_spike.actions=[rollback,quarantine]",
-             "debug.inject.loss_nan.step=3", "debug.inject.lr_spike.step=5", "debug.inject.sandbox_failure.step=7",
-             "debug.inject.reward_hack.step=4", "debug.inject.reward_hack.domain=math", "debug.inject.reward_hack.tasks=3",
+             "guard.reward_spike.warmup=2", "guard.reward_spike.min_delta=0.3", "guard.max_rollbacks=8",
+             # the hack's two tasks come up at steps 2 and 3 (the mixer's order at tasks.seed)
+             "debug.inject.reward_hack.step=1", "debug.inject.reward_hack.domain=math", "debug.inject.reward_hack.tasks=2",
+             "debug.inject.loss_nan.step=5", "debug.inject.lr_spike.step=7", "debug.inject.sandbox_failure.step=9",
              "telemetry.tensorboard=true"]
 FAULT_DETECTOR = {"loss_nan": "nonfinite", "lr_spike": "grad_spike", "sandbox_failure": "infra_errors",
                   "reward_hack": "reward_spike"}
