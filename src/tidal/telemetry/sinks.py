@@ -124,12 +124,19 @@ class WandbSink:
 
 
 class MlflowSink:
-    """An MLflow run in `experiment` at tracking URI `uri` (e.g. `file:/path/mlruns`)."""
+    """An MLflow run in `experiment` at tracking URI `uri` (e.g. `file:/path/mlruns`, a local store
+    that needs no server; MLflow 3 keeps it only when MLFLOW_ALLOW_FILE_STORE is set, which a
+    `file:` URI sets unless the environment already says otherwise)."""
 
     name = "mlflow"
 
     def __init__(self, uri: str, experiment: str, run_name: str) -> None:
+        import os
+
         from mlflow.tracking import MlflowClient
+
+        if uri.startswith("file:"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
 
         self.client = MlflowClient(tracking_uri=uri)
         found = self.client.get_experiment_by_name(experiment)
