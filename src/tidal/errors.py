@@ -168,3 +168,12 @@ class PlanError(TidalError):
     def __init__(self, message: str, record: dict | None = None) -> None:
         self.record = record or {}
         super().__init__(message)
+
+
+class RunPaused(TidalError):
+    """A step hook (the stability guard) paused the run: it stopped cleanly at its latest
+    checkpoint; `tidal train RUN_FOLDER` resumes it."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        self.step, self.reason = step, reason
+        super().__init__(f"run paused after step {step}: {reason}; resume it with `tidal train RUN_FOLDER`")

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tidal.config.engine import HttpEngineConfig
+from tidal.config.guard import DebugConfig, GuardConfig, TelemetryConfig
 from tidal.config.scale import LoraConfig, ParallelConfig, check_world_size
 from tidal.domains.adaptive import AdaptiveWeightsConfig
 from tidal.domains.curriculum import CurriculumConfig
@@ -573,6 +574,22 @@ class TidalConfig(Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     merge: MergeConfig = Field(default_factory=MergeConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    debug: DebugConfig = Field(default_factory=DebugConfig)
+
+    @model_validator(mode="after")
+    def _injection_supported(self) -> TidalConfig:
+        inject = self.debug.inject
+        if not inject.any():
+            return self
+        if self.pipeline.mode != "sync" or self.trainer.parallel.strategy != "none":
+            raise ValueError("debug.inject runs with pipeline.mode=sync and trainer.parallel.strategy=none only "
+                             "(its faults are placed at exact steps of one trainer)")
+        if inject.reward_hack is not None and inject.reward_hack.domain not in self.tasks.domains:
+            raise ValueError(f"debug.inject.reward_hack.domain {inject.reward_hack.domain!r} is not in tasks.domains "
+                             f"({', '.join(self.tasks.domains)})")
+        return self
 
     @model_validator(mode="after")
     def _overlong_inside_cap(self) -> TidalConfig:

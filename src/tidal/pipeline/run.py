@@ -33,7 +33,8 @@ from tidal.models.io import (
     save_checkpoint,
 )
 from tidal.pipeline.domains import DomainRuntime, make_suspect_auditor
-from tidal.pipeline.loop import Rollback, StepContext, StepHook, resume_rl, run_rl
+from tidal.pipeline.guard_hook import build_guard_hook
+from tidal.pipeline.loop import Rollback, StepContext, StepHook, resume_rl, run_rl, save_rl_checkpoint
 from tidal.pipeline.planning import check_plan
 from tidal.pipeline.scheduler import EVAL_PRIORITY
 from tidal.pipeline.stages import LoopParts
@@ -48,6 +49,7 @@ from tidal.storage.trajectories import TrajectoryWriter
 from tidal.tasks import generate_tasks, load_tasks, write_tasks
 from tidal.tasks.mixer import TaskMixer
 from tidal.telemetry.progress import ProgressDisplay, rl_status
+from tidal.telemetry.sinks import open_sinks
 from tidal.trainer.checkpoint import latest_checkpoint
 from tidal.trainer.lora import AdapterMerge, apply_lora, has_adapter, plain_copy
 from tidal.trainer.merge import Merge
@@ -203,6 +205,21 @@ class Job:
         return self.earlier_s + time.perf_counter() - self.started
 
     def execute(self) -> Path:
+        """Run every phase, with the telemetry sinks of `telemetry:` open throughout (each metrics
+        row goes to them once it is on disk); returns the report."""
+        cfg, run = self.cfg, self.run
+        sinks = open_sinks(cfg.telemetry, run.path, run.name, cfg.model_dump(mode="json"))
+        prometheus = next((s for s in sinks.sinks if s.name == "prometheus"), None)
+        if prometheus is not None:
+            run.write_json("prometheus.json", {"host": cfg.telemetry.prometheus_host, "port": prometheus.port})  # type: ignore[attr-defined]
+        run.listeners.append(sinks)
+        try:
+            return self._execute()
+        finally:
+            run.listeners.remove(sinks)
+            sinks.close()
+
+    def _execute(self) -> Path:
         cfg, run = self.cfg, self.run
         transformers.utils.logging.disable_progress_bar()  # our own progress display is enough
         torch.manual_seed(cfg.run.seed)
@@ -302,8 +319,15 @@ class Job:
         self.progress.phase("rl", cfg.trainer.steps, start)
         began = time.perf_counter()
         before_rates = {d: r["pass_rate"] for d, r in pass_rates(before).items() if r["pass_rate"] is not None}
-        run_rl(parts, start, [ProgressHook(self.progress), HeldoutHook(self, evaluate, before_rates), ElapsedHook(self),
-                              *self.hooks])
+        guard = build_guard_hook(parts, before_rates)
+        if start == 0 and cfg.guard.rolls_back():  # a rollback may go back to before the first update
+            save_rl_checkpoint(parts, 0)
+        own: list[StepHook] = [ProgressHook(self.progress), HeldoutHook(self, evaluate, before_rates), ElapsedHook(self)]
+        try:
+            run_rl(parts, start, [*own, *([guard] if guard is not None else []), *self.hooks])
+        finally:
+            if guard is not None:
+                guard.close()
         self.mark("rl", cfg.trainer.steps)
         # Over every attempt: the steps' own seconds (a step redone after a crash counts once).
         rows = [m for m in self.run.read_metrics() if m.get("phase") == "rl" and "step_s" in m]

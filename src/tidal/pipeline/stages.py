@@ -239,8 +239,8 @@ def distribution_metrics(episodes: list[Episode]) -> dict[str, float]:
 
 
 def step_metrics(groups: list[Group], drops: dict[str, int]) -> dict[str, Any]:
-    """Reward per domain, pass rate, kept fraction, lengths, drop reasons, and the length and
-    difficulty distributions of sampled vs trained samples."""
+    """Reward per domain, pass rate, kept fraction, lengths, drop reasons, the tamper and
+    infra-error rates, and the length and difficulty distributions of sampled vs trained samples."""
     episodes = flatten(groups)
     by_domain: dict[str, list[float]] = defaultdict(list)
     for episode in episodes:
@@ -256,5 +256,9 @@ def step_metrics(groups: list[Group], drops: dict[str, int]) -> dict[str, Any]:
     metrics["mean_completion_length"] = metrics["completion_tokens"] / total
     for reason, count in drops.items():
         metrics[f"drop/{reason}"] = count
+    # The shares the guard watches (tamper and sandbox infra-error rates), of every sample made.
+    metrics["samples"] = len(episodes)
+    for outcome in (Outcome.TAMPERED, Outcome.INFRA_ERROR):
+        metrics[f"rate/{outcome.value}"] = sum(e.score is not None and e.score.outcome is outcome for e in episodes) / total
     metrics.update(distribution_metrics(episodes))
     return metrics
