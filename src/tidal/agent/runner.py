@@ -24,9 +24,21 @@ from dataclasses import dataclass, field
 from tidal.agent.acceptance import run_acceptance
 from tidal.agent.context import ContextPolicy
 from tidal.agent.policy import Conversation, Policy, Turn
-from tidal.agent.records import AgentOutcome, AgentResult, CallRecord, StepRecord, Termination
+from tidal.agent.records import (
+    AgentOutcome,
+    AgentResult,
+    CallRecord,
+    StepRecord,
+    Termination,
+)
 from tidal.agent.toolcall import CallValidity, ParsedTurn
-from tidal.agent.tools import ToolContext, ToolSpec, check_arguments, get_tools, tool_schemas
+from tidal.agent.tools import (
+    ToolContext,
+    ToolSpec,
+    check_arguments,
+    get_tools,
+    tool_schemas,
+)
 from tidal.errors import (
     EndpointAuthError,
     EndpointConfigError,

@@ -40,14 +40,13 @@ from tidal.agent.context import ContextPolicy
 from tidal.agent.policy import Policy
 from tidal.agent.records import AgentOutcome, AgentResult
 from tidal.agent.runner import AgentConfig, run_episode
-from tidal.agent.sampling import is_multi_turn
 from tidal.errors import EndpointAuthError, EndpointConfigError, EvalError
 from tidal.eval.answers import Answer, ScoreMany, answer_task, context_window
 from tidal.eval.settings import EvalSettings
 from tidal.sandbox.base import SandboxBackend
 from tidal.sandbox.session import SessionStore
 from tidal.storage.run import dumps, fsync_path
-from tidal.types import Task
+from tidal.types import Task, is_multi_turn
 
 logger = logging.getLogger(__name__)
 RESULTS = "results.jsonl"

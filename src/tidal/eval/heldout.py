@@ -74,7 +74,7 @@ def evaluate_policy(
     """One record per task (in task order): pass rate, mean reward, outcome counts and two sample
     answers. Multi-turn (agent) tasks run as episodes (`max_new_tokens` per turn, `agent_*`: the
     sandbox backend, episodes at once, context budget) and are judged by their acceptance tests."""
-    from tidal.agent.sampling import is_multi_turn
+    from tidal.types import is_multi_turn
 
     by_id: dict[str, dict[str, Any]] = {}
     window = context_window(engine)

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidal.agent.sampling import is_multi_turn
 from tidal.algos import assign_advantages
 from tidal.audit.continuous import TaskWatch
 from tidal.config.schema import TidalConfig
@@ -30,7 +29,7 @@ from tidal.storage.store import TrajectoryStore
 from tidal.tasks.mixer import TaskMixer
 from tidal.trainer.parallel.trainer import ParallelTrainer
 from tidal.trainer.trainer import Trainer
-from tidal.types import Episode, Group, Outcome, Task, flatten
+from tidal.types import Episode, Group, Outcome, Task, flatten, is_multi_turn
 
 
 @dataclass
