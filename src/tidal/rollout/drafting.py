@@ -244,7 +244,7 @@ class _ModelSession:
         self.tokens.extend(tokens)
 
     def _logits(self, new: list[int]) -> torch.Tensor:
-        logits = self.forward(self.cache, torch.tensor([new], device=self.forward.device))[0, -1]  # (V,)
+        logits = self.forward(self.cache, torch.tensor([new], device=self.forward.device), 1)[0, -1]  # (V,)
         self.cached.extend(new)
         if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
             width = logits.shape[-1]

@@ -175,8 +175,9 @@ class TargetForward(Protocol):
         """An empty cache for one sequence of up to `capacity` positions."""
         ...
 
-    def __call__(self, cache: Any, tokens: Tensor) -> Tensor:
-        """Logits (B, T, V) float32 of `tokens` (B, T), which follow the cache's positions."""
+    def __call__(self, cache: Any, tokens: Tensor, last: int) -> Tensor:
+        """Logits (B, last, V) float32 at the last `last` of `tokens` (B, T), which follow the cache's
+        positions (a prefill needs one, a verify pass all T: the LM head is costly on a long prompt)."""
         ...
 
     def truncate(self, cache: Any, length: int) -> None:
@@ -194,13 +195,17 @@ class HFForward:
         parameters = inspect.signature(model.forward).parameters
         # transformers renamed `past_key_values` to `cache` in 5.x; accept either (as the engine does).
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
+        self._keeps_logits = "logits_to_keep" in parameters
 
     def new_cache(self, capacity: int) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
-    def __call__(self, cache: DynamicCache, tokens: Tensor) -> Tensor:
-        output = self.model(input_ids=tokens.to(self.device), use_cache=True, **{self._cache_arg: cache})
-        return output.logits.float()
+    def __call__(self, cache: DynamicCache, tokens: Tensor, last: int) -> Tensor:
+        kwargs: dict[str, object] = {self._cache_arg: cache}
+        if self._keeps_logits:
+            kwargs["logits_to_keep"] = last
+        output = self.model(input_ids=tokens.to(self.device), use_cache=True, **kwargs)
+        return output.logits[:, -last:].float()
 
     def truncate(self, cache: DynamicCache, length: int) -> None:
         excess = cache.get_seq_length() - length
@@ -326,7 +331,7 @@ class SpeculativeDecoder:
         cache = self.forward.new_cache(len(prompt_ids) + max_new_tokens + self.k + 1)
         # The cache holds every token but the last; each pass feeds the last one and the drafts.
         if len(prompt_ids) > 1:
-            self.forward(cache, torch.tensor([prompt_ids[:-1]], device=device))
+            self.forward(cache, torch.tensor([prompt_ids[:-1]], device=device), 1)
             stats.target_passes += 1
         cached, last = len(prompt_ids) - 1, prompt_ids[-1]
         eos = set(eos_ids)
@@ -337,7 +342,7 @@ class SpeculativeDecoder:
             draft = session.propose(min(self.k, room - 1), sampling, generator) if room > 1 and self.k else Draft([])
             count = min(len(draft.tokens), self.k, room - 1)
             chunk = torch.tensor([[last, *draft.tokens[:count]]], device=device)
-            logits = self.forward(cache, chunk)  # (1, count + 1, V)
+            logits = self.forward(cache, chunk, count + 1)  # (1, count + 1, V)
             probs = draft.probs[None, :count] if draft.probs is not None else None
             verdict = verify(logits, chunk[:, 1:], torch.tensor([count]), probs, sampling, generator)
             accepted = int(verdict.accepted[0])
