@@ -30,6 +30,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
+from tidal.types import FinishReason
+
 # --------------------------------------------------------------------------- sampling
 
 
@@ -293,7 +295,7 @@ class SpeculativeResult:
 
     tokens: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (an eos id) or "length"
+    finish_reason: FinishReason  # "stop" (an eos id) or "length"
     stats: SpeculativeStats = field(default_factory=SpeculativeStats)
 
 

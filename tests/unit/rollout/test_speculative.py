@@ -285,3 +285,31 @@ def test_a_drafter_proposing_more_than_k_is_cut(peaked: Qwen2ForCausalLM) -> Non
 
     result = SpeculativeDecoder(peaked, Eager(), k=2).generate([1, 2], 7, temperature=0.0)
     assert len(result.tokens) == 7 and result.stats.drafted <= 2 * result.stats.rounds
+
+
+def test_speculative_engine_serves_the_rollout_protocol(tiny: LoadedModel, prompts: list[list[int]]) -> None:
+    """Behind `RolloutEngine`: greedy completions (eos, text, finish reason) equal the embedded engine's."""
+    from tidal.errors import PreemptedError
+    from tidal.rollout import RolloutEngine
+    from tidal.rollout.speculative_engine import SpeculativeEngine
+
+    engine = SpeculativeEngine(tiny.model, tiny.tokenizer, SuffixDrafter(), k=4)
+    assert isinstance(engine, RolloutEngine)
+    params = SamplingParams(temperature=0.0, max_new_tokens=48)
+    engine.update_weights(None, 3)
+    ours = engine.generate(prompts, 2, params)
+    theirs = EmbeddedEngine(tiny.model, tiny.tokenizer).generate(prompts, 2, params)
+    for group, reference in zip(ours, theirs):
+        for mine, plain in zip(group, reference):
+            assert (mine.token_ids, mine.text, mine.finish_reason) == (plain.token_ids, plain.text, plain.finish_reason)
+            assert mine.weight_version == 3
+    assert engine.stats.drafted > 0 and engine.stats.emitted >= sum(len(c.token_ids) for g in ours for c in g)
+    with pytest.raises(ValueError, match="stop strings"):
+        engine.generate(prompts, 1, SamplingParams(stop=["x"]))
+
+    class Set:
+        def is_set(self) -> bool:
+            return True
+
+    with pytest.raises(PreemptedError):
+        engine.generate(prompts, 1, params, cancel=Set())
