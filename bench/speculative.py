@@ -23,10 +23,15 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tidal.rollout import EmbeddedEngine
+    from tidal.rollout.speculative import SpeculativeDecoder, SpeculativeStats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import command_line, write_section  # noqa: E402
-from rollout import interleaved  # noqa: E402
+from results_md import command_line, write_section
+from rollout import interleaved
 
 SECTION = "## Speculative decoding"
 SMOLLM2 = Path.home() / ".cache" / "tidal" / "models" / "smollm2"
@@ -90,9 +95,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
     import torch
 
     from tidal.models import render_prompt
-    from tidal.rollout import EmbeddedEngine, SamplingParams
+    from tidal.rollout import EmbeddedEngine
     from tidal.rollout.drafting import NGramDrafter, SuffixDrafter
-    from tidal.rollout.speculative import SpeculativeDecoder, SpeculativeStats
+    from tidal.rollout.speculative import SpeculativeDecoder
 
     torch.set_num_threads(args.threads)
     rows: list[dict[str, object]] = []
@@ -106,52 +111,56 @@ def measure(args: argparse.Namespace) -> list[dict[str, object]]:
         for workload in args.workloads:
             prompt = render_prompt(tokenizer, [{"role": "user", "content": WORKLOADS[workload]}])
             for temperature in args.temperatures:
-                outputs: dict[str, list[int]] = {}
-                stats: dict[str, SpeculativeStats] = {}
-
-                def speculative(name: str) -> Callable[[], int]:
-                    def run() -> int:
-                        generator = torch.Generator().manual_seed(0)
-                        result = decoders[name].generate(prompt, args.new_tokens, temperature, 1.0, generator)
-                        outputs[name], stats[name] = result.tokens, result.stats
-                        return len(result.tokens)
-                    return run
-
-                def embedded() -> int:
-                    params = SamplingParams(temperature=temperature, max_new_tokens=args.new_tokens, seed=0,
-                                            ignore_eos=True)
-                    completion = engine.generate([prompt], 1, params)[0][0]
-                    outputs["engine"] = completion.token_ids
-                    return len(completion.token_ids)
-
-                runs = {name: speculative(name) for name in decoders} | {"engine": embedded}
-                seconds, tokens = interleaved(runs, args.repeats)
-                rate = {name: tokens[name] / statistics.median(seconds[name]) for name in runs}
-                row: dict[str, object] = {
-                    "model": model_name, "workload": workload, "temperature": temperature,
-                    "prompt_tokens": len(prompt), "tokens": tokens["plain"],
-                    **{f"{name}_tps": rate[name] for name in runs},
-                    # Per-round ratios, then the median: robust to load that drifts between rounds.
-                    **{f"{name}_speedup": statistics.median(p / s for p, s in zip(seconds["plain"], seconds[name]))
-                       for name in ("ngram", "suffix")},
-                    **{f"{name}_vs_engine": statistics.median(e / s for e, s in zip(seconds["engine"], seconds[name]))
-                       for name in ("ngram", "suffix")},
-                    **{f"{name}_acceptance": stats[name].acceptance_rate for name in ("ngram", "suffix")},
-                    **{f"{name}_per_pass": stats[name].tokens_per_pass for name in ("ngram", "suffix")},
-                    # Seconds per verify pass against plain decoding's per step (drafting included).
-                    **{f"{name}_pass_cost": (statistics.median(seconds[name]) / stats[name].rounds)
-                       / (statistics.median(seconds["plain"]) / stats["plain"].rounds) for name in ("ngram", "suffix")},
-                    "greedy_same": temperature == 0 and outputs["ngram"] == outputs["plain"] == outputs["suffix"]
-                    == outputs["engine"],
-                }
+                row = compare(decoders, engine, prompt, temperature, args)
+                row |= {"model": model_name, "workload": workload, "temperature": temperature}
                 rows.append(row)
                 print(_format(row))
     return rows
 
 
+def compare(decoders: dict[str, SpeculativeDecoder], engine: EmbeddedEngine, prompt: list[int], temperature: float,
+            args: argparse.Namespace) -> dict[str, object]:
+    """One completion of `prompt` per run, interleaved over rounds: speeds, acceptance, pass cost."""
+    import torch
+
+    from tidal.rollout import SamplingParams
+
+    outputs: dict[str, list[int]] = {}
+    stats: dict[str, SpeculativeStats] = {}
+
+    def speculative(name: str) -> Callable[[], int]:
+        def run() -> int:
+            generator = torch.Generator().manual_seed(0)
+            result = decoders[name].generate(prompt, args.new_tokens, temperature, 1.0, generator)
+            outputs[name], stats[name] = result.tokens, result.stats
+            return len(result.tokens)
+        return run
+
+    def embedded() -> int:
+        params = SamplingParams(temperature=temperature, max_new_tokens=args.new_tokens, seed=0, ignore_eos=True)
+        completion = engine.generate([prompt], 1, params)[0][0]
+        outputs["engine"] = completion.token_ids
+        return len(completion.token_ids)
+
+    runs = {name: speculative(name) for name in decoders} | {"engine": embedded}
+    seconds, tokens = interleaved(runs, args.repeats)
+    median = {name: statistics.median(seconds[name]) for name in runs}
+    row: dict[str, object] = {f"{name}_tps": tokens[name] / median[name] for name in runs}
+    for name in DRAFTERS:
+        # Per-round ratios, then the median: robust to load that drifts between rounds.
+        row[f"{name}_speedup"] = statistics.median(p / s for p, s in zip(seconds["plain"], seconds[name]))
+        row[f"{name}_vs_engine"] = statistics.median(e / s for e, s in zip(seconds["engine"], seconds[name]))
+        row[f"{name}_acceptance"] = stats[name].acceptance_rate
+        row[f"{name}_per_pass"] = stats[name].tokens_per_pass
+        # Seconds per verify pass against plain decoding's per step (drafting included).
+        row[f"{name}_pass_cost"] = (median[name] / stats[name].rounds) / (median["plain"] / stats["plain"].rounds)
+    row["greedy_same"] = temperature == 0 and all(outputs[name] == outputs["plain"] for name in outputs)
+    return row
+
+
 def _format(row: dict[str, object]) -> str:
-    parts = [f"{row['model']:8s} {row['workload']:7s} T={row['temperature']:.1f}  plain {row['plain_tps']:6.1f} tok/s, "
-             f"engine {row['engine_tps']:6.1f}"]
+    parts = [(f"{row['model']:8s} {row['workload']:7s} T={row['temperature']:.1f}  plain {row['plain_tps']:6.1f} tok/s, "
+             f"engine {row['engine_tps']:6.1f}")]
     for name in DRAFTERS:
         parts.append(f"{name} {row[name + '_tps']:6.1f} ({row[name + '_speedup']:.2f}x, accept "
                      f"{row[name + '_acceptance']:.2f}, {row[name + '_per_pass']:.2f}/pass, pass cost "
@@ -170,19 +179,19 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]], load: str) 
     lines = [
         SECTION,
         "",
-        f"One completion of exactly {args.new_tokens} tokens (eos ignored) on prompts whose answer copies from the "
+        (f"One completion of exactly {args.new_tokens} tokens (eos ignored) on prompts whose answer copies from the "
         f"prompt (bench/speculative.py has them: repeat a code block, rename a variable in it, continue a JSON "
         f"tool-call log), k={args.k} drafts per target pass, top-p 1, seed 0. Plain: `SpeculativeDecoder` with k=0, "
         "the same `transformers` forward and DynamicCache as the drafting runs; engine: `EmbeddedEngine` (its lean "
         f"forward). Median of {args.repeats} interleaved rounds after a warm-up, {args.threads} torch threads; "
         "speed-ups are medians of per-round ratios. Accept: the share of drafted tokens kept; per pass: tokens per "
-        "verify pass; pass cost: seconds per verify pass over plain decoding's seconds per step.",
+        "verify pass; pass cost: seconds per verify pass over plain decoding's seconds per step."),
         "",
         command_line(command, f"torch {torch.__version__}", f"transformers {transformers.__version__}",
                      f"1-minute load at start {load}"),
         "",
-        "| model | workload | T | plain (tok/s) | engine (tok/s) | drafter | tok/s | vs plain | vs engine | accept "
-        "| per pass | pass cost |",
+        ("| model | workload | T | plain (tok/s) | engine (tok/s) | drafter | tok/s | vs plain | vs engine | accept "
+        "| per pass | pass cost |"),
         "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
@@ -196,10 +205,10 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]], load: str) 
     same = [row for row in rows if row["temperature"] == 0]
     lines += [
         "",
-        f"Greedy rows: the four runs' tokens are identical in {sum(bool(r['greedy_same']) for r in same)} of "
-        f"{len(same)}.",
+        (f"Greedy rows: the four runs' tokens are identical in {sum(bool(r['greedy_same']) for r in same)} of "
+        f"{len(same)}."),
         "",
-        "Where the time goes: a verify pass scores k + 1 tokens, and on this CPU a 135M model is compute-bound, so "
+        ("Where the time goes: a verify pass scores k + 1 tokens, and on this CPU a 135M model is compute-bound, so "
         "it costs more than a one-token step (the pass-cost column); the speed-up is about tokens per pass over "
         "pass cost. Where the completion copies (greedy repeat and edit) most drafts are kept and the speed-up is "
         "large; where sampling leaves the prompt's text (T 0.7, and the random tiny model, which copies only when "
@@ -207,7 +216,7 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]], load: str) 
         "update per token) is negligible against a forward. The engine's lean forward is faster per step than the "
         "`transformers` forward both drafting runs use (the vs-engine column); speculative decoding through it "
         "needs an all-positions variant of `LeanDecoder.last_logits`. On a GPU a decode step is memory-bound and a "
-        "k-token pass costs about one step, so the same acceptance buys more there.",
+        "k-token pass costs about one step, so the same acceptance buys more there."),
         "",
     ]
     return "\n".join(lines)

@@ -73,7 +73,7 @@ def test_suffix_matcher_follows_a_stream_through_a_corpus() -> None:
         token = rng.randrange(3)
         stream.append(token)
         state, matched = automaton.step(state, matched, token)
-        longest = max((n for n in range(len(stream) + 1) if "".join(map(str, stream[len(stream) - n :])) in text))
+        longest = max(n for n in range(len(stream) + 1) if "".join(map(str, stream[len(stream) - n :])) in text)
         assert matched == longest
         if matched:
             end = automaton.first_end[state]

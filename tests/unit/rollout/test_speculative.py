@@ -17,8 +17,7 @@ from torch import Tensor
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tidal.models import LoadedModel
-from tidal.rollout import EmbeddedEngine, SamplingParams
-from tidal.rollout import speculative
+from tidal.rollout import EmbeddedEngine, SamplingParams, speculative
 from tidal.rollout.drafting import ModelDrafter, NGramDrafter, SuffixDrafter
 from tidal.rollout.speculative import Draft, Sampling, SpeculativeDecoder, verify
 
