@@ -302,7 +302,8 @@ class SpeculativeResult:
 class SpeculativeDecoder:
     """Generates from `model` (a `transformers` causal LM or any `TargetForward`) with up to `k`
     drafts per target pass from `drafter`. Output distribution and logprobs are the target's, as
-    plain sampling's; `k=0` or `NoDraft()` is plain decoding through the same forward."""
+    plain sampling's; `k=0` or `NoDraft()` is plain decoding through the same forward. The model
+    is used as it is: put it in eval mode first (`SpeculativeEngine` does)."""
 
     def __init__(self, model: PreTrainedModel | TargetForward, drafter: Drafter | None = None, k: int = 4) -> None:
         if k < 0:
