@@ -184,7 +184,7 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]], load: str) 
         f"tool-call log), k={args.k} drafts per target pass, top-p 1, seed 0. Plain: `SpeculativeDecoder` with k=0, "
         "the same `transformers` forward and DynamicCache as the drafting runs; engine: `EmbeddedEngine` (its lean "
         f"forward). Fastest of {args.repeats} interleaved rounds after a warm-up (the cores are shared: other work only "
-        f"adds time), {args.threads} torch threads. Accept: the share of drafted tokens kept; per pass: tokens per "
+        f"adds time), torch threads: {args.threads}. Accept: the share of drafted tokens kept; per pass: tokens per "
         "verify pass; pass cost: seconds per verify pass over plain decoding's seconds per step."),
         "",
         command_line(command, f"torch {torch.__version__}", f"transformers {transformers.__version__}",
@@ -212,8 +212,10 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]], load: str) 
         "it costs more than a one-token step (the pass-cost column); the speed-up is about tokens per pass over "
         "pass cost. Where the completion copies (greedy repeat and edit) most drafts are kept and the speed-up is "
         "large; where sampling leaves the prompt's text (T 0.7, and the random tiny model, which copies only when "
-        "greedy) few drafts match and the wider passes cost a few percent. Drafting itself (a dict or automaton "
-        "update per token) is negligible against a forward. The engine's lean forward is faster per step than the "
+        "greedy) few drafts match and the wider passes cost a few percent (single runs on shared cores: a burst of "
+        "other work shows as a pass cost far from its neighbours'). Each row is one completion, so its acceptance "
+        "is that trajectory's. Drafting (a dict or automaton update per token) and the rule are negligible against "
+        "a SmolLM2 forward, not against the tiny model's ~3 ms step: its pass cost is mostly that Python. The engine's lean forward is faster per step than the "
         "`transformers` forward both drafting runs use (the vs-engine column); speculative decoding through it "
         "needs an all-positions variant of `LeanDecoder.last_logits`. On a GPU a decode step is memory-bound and a "
         "k-token pass costs about one step, so the same acceptance buys more there."),
