@@ -21,6 +21,8 @@ from transformers import PreTrainedModel
 
 from tidal.rollout.speculative import Draft, HFForward, Sampling, TargetForward
 
+DRAFT_CACHE_ROOM = 1024  # positions past the prompt a preallocating draft cache reserves (DynamicCache grows)
+
 
 def _copy(source: list[int], start: int, k: int, own: list[int] | None = None) -> list[int]:
     """k tokens of `source` from `start`; when `own` is the sequence being drafted (source is own),
@@ -237,7 +239,7 @@ class _ModelSession:
         self.forward = drafter.forward
         self.vocab_size = drafter.vocab_size
         self.tokens = list(prompt)
-        self.cache = self.forward.new_cache(len(prompt) + 256)
+        self.cache = self.forward.new_cache(len(prompt) + DRAFT_CACHE_ROOM)
         self.cached: list[int] = []  # the tokens whose keys and values the cache holds
 
     def extend(self, tokens: list[int]) -> None:
