@@ -50,13 +50,14 @@ def _batch(model: Any, rows: int, prompt: int, new: int, seed: int) -> Any:
 
     generator = torch.Generator().manual_seed(seed)
     length = prompt + new
-    input_ids = torch.randint(0, model.config.vocab_size, (rows, length), generator=generator)
+    device = next(model.parameters()).device
+    input_ids = torch.randint(0, model.config.vocab_size, (rows, length), generator=generator).to(device)
     attention_mask = torch.ones_like(input_ids)
-    completion_mask = torch.zeros(rows, length)
+    completion_mask = torch.zeros(rows, length, device=device)
     completion_mask[:, prompt:] = 1.0
     with torch.no_grad():
         old, _ = token_logprobs(model, input_ids, attention_mask)
-    advantages = torch.tensor([1.0 if i % 2 else -1.0 for i in range(rows)])
+    advantages = torch.tensor([1.0 if i % 2 else -1.0 for i in range(rows)], device=device)
     return TrainBatch(input_ids, attention_mask, completion_mask, old * completion_mask, advantages)
 
 
@@ -74,9 +75,10 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    cuda = args.device == "cuda"
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).to(args.device)
     batch = _batch(model, args.rows, args.prompt, args.new, seed=0)
-    loaded_rss = _rss_gib()
+    loaded_rss = torch.cuda.memory_allocated() / 2**30 if cuda else _rss_gib()
     reference = None
     if args.side == "lora":
         apply_lora(model, LoraConfig(enabled=True, r=args.rank, alpha=2.0 * args.rank), seed=0)
@@ -84,7 +86,7 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
         reference = copy.deepcopy(model).eval()
     algo = AlgorithmConfig(kl_coef=args.kl)
     cfg = TrainerConfig(lr=1e-5, micro_batch_size=args.rows, precision=args.precision)
-    trainer = Trainer(model, cfg, algo, "cpu", total_steps=args.steps + 1, ref_model=reference, max_tokens=args.new)
+    trainer = Trainer(model, cfg, algo, args.device, total_steps=args.steps + 1, ref_model=reference, max_tokens=args.new)
     trainer.rl_step(batch)  # untimed: AdamW's state is allocated here
     walls, cpus = [], []
     for _ in range(args.steps):
@@ -94,7 +96,10 @@ def run_side(args: argparse.Namespace) -> dict[str, Any]:
         cpus.append(time.process_time() - cpu)
         if metrics["skipped"]:
             raise RuntimeError(f"{args.side}: an update was skipped ({metrics})")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    if cuda:
+        torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() / 2**30 if cuda
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)  # KiB -> GiB
     return {
         "side": args.side, "wall_s": sum(walls) / len(walls), "cpu_s": sum(cpus) / len(cpus),
         "trainable": sum(p.numel() for p in trainer.params), "parameters": sum(p.numel() for p in model.parameters()),
@@ -107,6 +112,7 @@ def _section(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> st
     import transformers
 
     full = results["full"]
+    clock, key = ("wall", "wall_s") if args.device == "cuda" else ("CPU", "cpu_s")  # a GPU's work is no CPU time
     kl = (f"KL {args.kl} in the loss (full: a reference copy of the model; lora: the base with the adapter off)"
           if args.kl > 0 else "no KL")
     lines = [
@@ -121,13 +127,14 @@ def _section(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> st
         # --no-write only says where this text goes, not what was measured.
         command_line(" ".join(["python", "bench/lora_vs_full.py", *(a for a in sys.argv[1:] if a != "--no-write")]),
                      f"torch {torch.__version__}", f"transformers {transformers.__version__}"), "",
-        "| side | trainable parameters | update, wall (s) | update, CPU (s) | CPU vs full | peak RSS (GiB) | growth (GiB) |",
+        f"| side | trainable parameters | update, wall (s) | update, CPU (s) | {clock} vs full | "
+        f"{'peak allocated' if args.device == 'cuda' else 'peak RSS'} (GiB) | growth (GiB) |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for side in SIDES:
         r = results[side]
         lines.append(f"| {side} | {r['trainable'] / 1e6:.3f}M | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | "
-                     f"**{full['cpu_s'] / r['cpu_s']:.2f}x** | {r['peak_gib']:.2f} | {r['growth_gib']:.2f} |")
+                     f"**{full[key] / r[key]:.2f}x** | {r['peak_gib']:.2f} | {r['growth_gib']:.2f} |")
     lora = results["lora"]
     lines += ["", f"Full fine-tuning's growth is its fp32 gradients and AdamW's two moments (3 x "
               f"{full['parameters'] * 4 / 2**30:.2f} GiB){' and the reference copy' if args.kl > 0 else ''}, plus the "
@@ -148,6 +155,8 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--kl", type=float, default=0.04)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the RESULTS.md to write the section into")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"])
     parser.add_argument("--no-write", action="store_true", help="print the section instead of writing RESULTS.md")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a subprocess's one side
@@ -166,7 +175,7 @@ def main() -> None:
     text = _section(args, results)
     print(text)
     if not args.no_write:
-        write_section(RESULTS, SECTION, text)
+        write_section(args.results, SECTION if args.device == "cpu" else f"{SECTION} (CUDA)", text)
 
 
 if __name__ == "__main__":

@@ -96,8 +96,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 began = time.perf_counter()
                 trainer.gather()
                 gather.append(time.perf_counter() - began)
-        ranks = [_peak_kib()] + ([_peak_kib(p.pid) for p in trainer.workers.processes]
-                                 if args.strategy != "none" and trainer.workers is not None else [])
+        if device.type == "cuda":  # rank 0's device memory (the other ranks' devices are theirs to read)
+            ranks = [int(torch.cuda.max_memory_allocated(device)) // 1024]
+        else:
+            ranks = [_peak_kib()] + ([_peak_kib(p.pid) for p in trainer.workers.processes]
+                                     if args.strategy != "none" and trainer.workers is not None else [])
     finally:
         if args.strategy != "none":
             trainer.close()
@@ -120,6 +123,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
     parser.add_argument("--child", nargs=2, metavar=("STRATEGY", "PARAM_DTYPE"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_write:
         from results_md import write_section
 
-        write_section(ROOT / "bench" / "RESULTS.md", SECTION, text)
+        write_section(args.results, SECTION if args.device == "cpu" else f"{SECTION} (CUDA)", text)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ Rows:
   model-dependent parts (weights, gradients, AdamW, activations, head).
 
     python bench/plan_memory.py [--model FOLDER] [--steps 2]
+    python bench/plan_memory.py --device cuda --model FOLDER   # a GPU: bf16, full and LoRA, FSDP2 at world size 1
+
+On CUDA the measured peak is torch's max_memory_allocated of the updates' process (the runtime and
+CUDA context are outside it), and only the --model rows run: full fine-tuning and LoRA, each in one
+process and as one FSDP2 rank.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ MIB = 1 << 20
 TINY = ["model.tiny.hidden_size=256", "model.tiny.num_layers=4", "model.tiny.num_heads=4",
         "model.tiny.num_kv_heads=2", "model.tiny.intermediate_size=768", "rollout.max_new_tokens=64",
         "tasks.tasks_per_step=2", "rollout.group_size=8", "trainer.micro_batch_size=16"]
+# Deeper and longer: where the layers' activations, which checkpointing drops, dominate the update.
+DEEP = [*TINY[:1], "model.tiny.num_layers=12", *TINY[2:5], "rollout.max_new_tokens=192", *TINY[6:]]
 
 
 def smoke_row() -> tuple[str, ...]:
@@ -55,33 +62,58 @@ def smoke_row() -> tuple[str, ...]:
             f"{measured / predicted:.2f}")
 
 
-def update_row(label: str, config: str, overrides: list[str], prompt: int, steps: int) -> tuple[str, ...]:
-    cfg = load_config(config, [*overrides, "pipeline.mode=sync", "merge.weight=1", "warm_start.enabled=false"])
+def update_row(label: str, config: str, overrides: list[str], prompt: int, steps: int,
+               device: str = "cpu") -> tuple[str, ...]:
+    cfg = load_config(config, [*overrides, "pipeline.mode=sync", "merge.weight=1", "warm_start.enabled=false",
+                               f"model.device={device}"])
     workload = Workload(prompt_tokens=prompt, sequence_tokens=prompt + cfg.rollout.max_new_tokens, generation_rows=1)
-    plan = plan_run(cfg, shape_of(meta_model(cfg.model).model), workload, torch.device("cpu"),
-                    measure_capacity(torch.device("cpu")))
+    plan = plan_run(cfg, shape_of(meta_model(cfg.model).model), workload, torch.device(device),
+                    measure_capacity(torch.device(device)))
     measured = measure(cfg, prompt, steps=steps)
     predicted = predicted_growth(plan)
     shape = f"{plan.micro_batch_size} x {plan.sequence_tokens} tokens, {plan.precision}"
-    return (f"updates, {label} ({shape})", "peak resident set above the process before the model",
+    what = "max_memory_allocated" if device == "cuda" else "peak resident set above the process before the model"
+    return (f"updates, {label} ({shape})", what,
             f"{predicted / MIB:.0f}", f"{measured.growth / MIB:.0f}", f"{measured.growth / predicted:.2f}")
+
+
+def model_rows(model: str, steps: int, device: str) -> list[tuple[str, ...]]:
+    """The real checkpoint's rows: on a CPU full fine-tuning in one process; on CUDA full and LoRA,
+    each in one process and as one FSDP2 rank."""
+    real = [f"model.path={model}", "trainer.micro_batch_size=8", "tasks.tasks_per_step=2",
+            "rollout.group_size=8", "rollout.max_new_tokens=64", "trainer.precision=bf16"]
+    if device == "cpu":
+        return [update_row("SmolLM2-135M, bf16", SMOKE, real, 145, steps)]
+    fsdp = ["trainer.parallel.strategy=fsdp2", "trainer.parallel.world_size=1"]
+    lora = ["trainer.lora.enabled=true"]
+    return [update_row(f"{Path(model).name}, bf16, {label}", SMOKE, [*real, *extra], 145, steps, device)
+            for label, extra in (("full", []), ("full, FSDP2 x1", fsdp), ("LoRA", lora), ("LoRA, FSDP2 x1", [*lora, *fsdp]))]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a Hugging Face folder for the real-model row (e.g. ~/.cache/tidal/models/smollm2)")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
     args = parser.parse_args()
-    rows = [smoke_row()]
-    for label, extra in (("tiny 3.2M, fp32", ["trainer.precision=fp32"]),
-                         ("tiny 3.2M, fp32, checkpointing", ["trainer.precision=fp32", "trainer.gradient_checkpointing=true"]),
-                         ("tiny 3.2M, bf16", ["trainer.precision=bf16"])):
-        rows.append(update_row(label, SMOKE, [*TINY, *extra], 32, args.steps))
+    if args.device == "cuda" and not args.model:
+        parser.error("--device cuda measures the --model rows only: give --model")
+    rows = []
+    if args.device == "cpu":
+        rows.append(smoke_row())
+        for label, extra in (("tiny 3.2M, fp32", ["trainer.precision=fp32"]),
+                             ("tiny 3.2M, fp32, checkpointing", ["trainer.precision=fp32", "trainer.gradient_checkpointing=true"]),
+                             ("tiny 3.2M, bf16", ["trainer.precision=bf16"]),
+                             ("tiny 3.2M, fp32, LoRA", ["trainer.precision=fp32", "trainer.lora.enabled=true"])):
+            rows.append(update_row(label, SMOKE, [*TINY, *extra], 32, args.steps))
+        for label, extra in (("tiny 12 layers, fp32", []), ("tiny 12 layers, fp32, checkpointing",
+                                                            ["trainer.gradient_checkpointing=true"])):
+            rows.append(update_row(label, SMOKE, [*DEEP, "trainer.precision=fp32", *extra], 64, args.steps))
     if args.model:
-        real = [f"model.path={args.model}", "trainer.micro_batch_size=8", "tasks.tasks_per_step=2",
-                "rollout.group_size=8", "rollout.max_new_tokens=64", "trainer.precision=bf16"]
-        rows.append(update_row("SmolLM2-135M, bf16", SMOKE, real, 145, args.steps))
-    command = "python bench/plan_memory.py" + (f" --model {args.model}" if args.model else "")
+        rows += model_rows(args.model, args.steps, args.device)
+    command = "python bench/plan_memory.py" + (f" --device {args.device}" if args.device != "cpu" else "") + (
+        f" --model {args.model}" if args.model else "")
     text = "\n".join([
         SECTION, "",
         ("The planner's prediction (`tidal plan`, trainer/plan.py) against the peak measured, in MiB. `updates` rows: "
@@ -90,14 +122,16 @@ def main() -> None:
         "(VmHWM) above the process before the model, predicted the plan's update phase less its runtime part. The smoke "
         "row is the whole run's ru_maxrss against the plan's rank-0 peak; its runtime part (560 MiB) was measured from "
         "this run, so that row checks only that constant. Tolerance of tests/unit/trainer/test_plan.py: measured within "
-        "35% of predicted (the fp32 row's shape)."), "",
+        "35% of predicted (the fp32 row's shape)."
+        + (" On CUDA, measured is torch's max_memory_allocated in the updates' process, and the predicted part "
+           "excludes the CUDA context." if args.device == "cuda" else "")), "",
         command_line(command, f"torch {torch.__version__}, 1-minute load {os.getloadavg()[0]:.1f}"), "",
         "| run | measured | predicted (MiB) | measured (MiB) | measured / predicted |",
         "|---|---|---:|---:|---:|",
         *("| " + " | ".join(row) + " |" for row in rows), "",
     ])
     print(text)
-    write_section(ROOT / "bench" / "RESULTS.md", SECTION, text)
+    write_section(args.results, SECTION if args.device == "cpu" else f"{SECTION} (CUDA)", text)
 
 
 if __name__ == "__main__":

@@ -12,4 +12,5 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q torch==2.13.0
 # The `ray` extra: the async loop's Ray backend, which the tests run on a local Ray cluster.
-.venv/bin/python -m pip install -q -e '.[ray]'
+# The `telemetry` extra: the W&B and MLflow sinks, whose offline and file modes the tests run.
+.venv/bin/python -m pip install -q -e '.[ray,telemetry]'

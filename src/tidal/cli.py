@@ -177,23 +177,38 @@ def eval_command(
     out: Path = typer.Option(Path("evals/latest"), help="eval folder; rerunning into it resumes"),
     config: Optional[Path] = typer.Option(None, help="eval config: budgets, prices, checklist (configs/eval.yaml)"),
     baseline: Optional[list[Path]] = typer.Option(None, help="eval folder(s) to compare with in the report"),
+    quarantine: Optional[Path] = typer.Option(None, help="an audit's quarantine file: those tasks are skipped "
+                                              "and listed in the report (tidal audit --quarantine)"),
 ) -> None:
-    """Evaluate a model as an agent on tasks in sandboxes: results.jsonl as episodes finish, then
-    summary.json and report.html with the selection checklist. Exits 3 when infra errors remain."""
+    """Evaluate a model on tasks of every kind: agent tasks as episodes in sandboxes, single-turn
+    tasks (math, knowledge, reasoning, general, code) as answers scored by their verifiers.
+    results.jsonl as they finish, then summary.json and report.html with the selection checklist.
+    Exits 3 when infra errors remain."""
     try:
         from tidal.eval.harness import evaluate
         from tidal.eval.settings import load_eval_settings
 
         def progress(record: dict) -> None:
-            typer.echo(f"{record['task_id']} #{record['epoch']}: {record['outcome']} ({record['steps']} steps)")
+            steps = f" ({record['steps']} steps)" if record.get("kind") == "episode" else ""
+            typer.echo(f"{record['task_id']} #{record['epoch']}: {record['outcome']}{steps}")
+
+        def warn(text: str) -> None:
+            typer.secho(f"warning: {text}", fg="yellow", err=True)
 
         summary = evaluate(model, [*tasks, *(more_tasks or [])], out, epochs=epochs, concurrency=concurrency,
-                           settings=load_eval_settings(config), baselines=list(baseline or []), on_result=progress)
+                           settings=load_eval_settings(config), baselines=list(baseline or []), on_result=progress,
+                           quarantine=quarantine, warn=warn)
     except TidalError as error:
         _fail(error)
     rate = "n/a" if summary["pass_rate"] is None else f"{100 * summary['pass_rate']:.1f}%"
-    typer.echo(f"pass rate {rate} over {summary['scored']} episodes ({summary['ran']} run now, "
-               f"{summary['skipped']} already done); report: {out / 'report.html'}")
+    low, high = summary["ci"]
+    interval = "" if summary["pass_rate"] is None else f" [{100 * low:.1f}%, {100 * high:.1f}%]"
+    typer.echo(f"pass rate {rate}{interval} over {summary['scored']} episodes of {summary['interval']['clusters']} "
+               f"tasks ({summary['ran']} run now, {summary['skipped']} already done); report: {out / 'report.html'}")
+    typer.echo(summary["interval_note"])
+    if summary["quarantined"]:
+        typer.echo(f"{len(summary['quarantined'])} quarantined task(s) skipped: "
+                   + ", ".join(q["task_id"] for q in summary["quarantined"][:10]))
     if summary["infra_errors"]:
         typer.secho(f"{summary['infra_errors']} episode(s) ended in infra errors (not counted); rerun the same "
                     "command to retry them", fg="yellow", err=True)
@@ -346,6 +361,10 @@ def serve(
     device: str = typer.Option("auto", help="auto, cpu or cuda"),
     seed: int = typer.Option(0, help="init seed of the tiny model"),
     threads: Optional[int] = typer.Option(None, min=1, help="torch CPU threads (default: torch's own)"),
+    allow_weight_updates: bool = typer.Option(
+        False, help="accept POST /v1/weights (an RL trainer's weight reloads: uploads, and paths under --weights-dir)"
+    ),
+    weights_dir: Optional[Path] = typer.Option(None, help="the folder reloads by path may read from"),
 ) -> None:
     """An OpenAI-compatible HTTP server (/v1/models, /v1/chat/completions with tools and streaming,
     /v1/completions, /metrics) over the embedded engine, batching concurrent requests."""
@@ -363,7 +382,8 @@ def serve(
             max_batch=max_batch,
             max_queue=max_queue,
         )
-        state = build_state(model, limits, api_key=api_key, device=device, seed=seed)
+        state = build_state(model, limits, api_key=api_key, device=device, seed=seed,
+                            allow_weight_updates=allow_weight_updates, weights_dir=weights_dir)
     except (TidalError, ValueError) as error:
         _fail(error)
     typer.echo(f"serving {state.model_id} on http://{host}:{port}/v1" + (" (API key required)" if api_key else ""), err=True)

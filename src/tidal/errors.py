@@ -107,6 +107,10 @@ class TaskFolderError(TaskFormatError):
     """A terminal-task folder with missing or malformed files; one `FOLDER/FILE: message` per problem."""
 
 
+class QuarantineError(TidalError):
+    """A quarantine list (audit/quarantine.py) that cannot be read or does not have its format."""
+
+
 class EvalError(TidalError):
     """An evaluation that cannot go on (bad arguments, an out folder of another eval)."""
 
@@ -114,6 +118,28 @@ class EvalError(TidalError):
 class WeightVerificationError(TidalError):
     """Weights a rollout worker loaded do not match what the trainer published (checksum or
     canary logprobs); the worker refuses to generate with them."""
+
+
+class EngineServerError(TidalError):
+    """The HTTP rollout engine's server failed a request (rollout/http_engine.py); `url` and the
+    HTTP `status` (None: no answer) say where."""
+
+    def __init__(self, message: str, url: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.url, self.status = url, status
+
+
+class EngineUnavailableError(EngineServerError):
+    """The server could not be reached, timed out, or answered 429/5xx after every retry."""
+
+
+class EngineRequestError(EngineServerError):
+    """The server refused the request (4xx: a wrong key, model id or parameter); not retried."""
+
+
+class EngineResponseError(EngineServerError):
+    """The server answered 200 with a body that is not what was asked for (malformed JSON, token
+    ids outside the vocabulary, logprobs that do not match the tokens, missing choices)."""
 
 
 class WeightTimeoutError(TidalError):
@@ -142,3 +168,12 @@ class PlanError(TidalError):
     def __init__(self, message: str, record: dict | None = None) -> None:
         self.record = record or {}
         super().__init__(message)
+
+
+class RunPaused(TidalError):
+    """A step hook (the stability guard) paused the run: it stopped cleanly at its latest
+    checkpoint; `tidal train RUN_FOLDER` resumes it."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        self.step, self.reason = step, reason
+        super().__init__(f"run paused after step {step}: {reason}; resume it with `tidal train RUN_FOLDER`")

@@ -235,3 +235,8 @@ class TrainBatch:
     ref_logprobs: Any | None = None  # Tensor (B, T) float, when a KL term is used
     rewards: Any | None = None  # Tensor (B,) float, each sequence's reward, NaN when it has none (for gae)
     prompt_lengths: Any | None = None  # Tensor (B,) long, where each row's completion starts (shared-prompt training)
+
+
+def is_multi_turn(task: Task) -> bool:
+    """Whether a task is an agent episode (tools, or more than one step) rather than one answer."""
+    return task.domain == "agent" or bool(task.tools) or task.max_steps > 1

@@ -6,7 +6,13 @@ from tidal.agent.context import ContextPolicy
 from tidal.agent.policy import OraclePolicy, Policy, ScriptedPolicy, Turn, make_policy
 from tidal.agent.records import AgentOutcome, AgentResult, StepRecord, Termination
 from tidal.agent.runner import AgentConfig, run_episode
-from tidal.agent.toolcall import CallValidity, ParsedTurn, ToolCall, format_tool_call, parse_tool_calls
+from tidal.agent.toolcall import (
+    CallValidity,
+    ParsedTurn,
+    ToolCall,
+    format_tool_call,
+    parse_tool_calls,
+)
 from tidal.agent.tools import ToolOutput, ToolSpec, tool, tool_schemas
 
 __all__ = [

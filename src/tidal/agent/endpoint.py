@@ -184,9 +184,11 @@ class EndpointConversation:
 
     def generate(self, max_new_tokens: int) -> Turn:
         policy = self.policy
-        body: dict[str, Any] = {"model": policy.model, "messages": self.messages, "tools": self.tools,
+        body: dict[str, Any] = {"model": policy.model, "messages": self.messages,
                                 "max_tokens": max(1, max_new_tokens), "temperature": policy.temperature,
                                 "seed": self.seed}
+        if self.tools:  # a single-turn task offers none, and APIs refuse an empty list
+            body["tools"] = self.tools
         started = time.perf_counter()
         reply = policy.client.chat(body)
         elapsed = time.perf_counter() - started

@@ -126,7 +126,9 @@ class LocalConversation:
 
 
 class LocalPolicy:
-    """A causal LM in this process. `engine` may be shared with an RL trainer (same weights)."""
+    """A causal LM behind a `RolloutEngine` (rollout/protocol.py): the embedded engine, which may
+    be shared with an RL trainer (same weights), or the HTTP engine on a server; its turns go
+    through `generate` and `eos_ids` only."""
 
     def __init__(self, engine: Any, tokenizer: Any, name: str = "local", temperature: float = 0.0,
                  top_p: float = 1.0, stop: list[str] | None = None, seed: int | None = 0,

@@ -23,7 +23,7 @@ from typing import Any
 from tidal.agent.protocol import Conversation, Message, Policy, Turn
 from tidal.agent.render import answer_messages, calls_offered, render_messages
 from tidal.agent.toolcall import format_tool_call, parse_tool_calls
-from tidal.types import Task
+from tidal.types import Task, is_multi_turn
 
 # The protocol is named here too, where the runner and the harness import it.
 __all__ = [
@@ -91,7 +91,10 @@ class ScriptedPolicy:
 
 
 def oracle_turns(task: Task) -> list[str]:
-    """The turns of an agent that runs the task's reference script with bash, then submits."""
+    """The turns of an agent that runs the task's reference script with bash, then submits; for a
+    single-turn task, its reference answer."""
+    if not is_multi_turn(task):
+        return [task.reference or ""]
     if not task.reference:
         return [format_tool_call("submit", {})]
     return [format_tool_call("bash", {"command": task.reference}), format_tool_call("submit", {})]

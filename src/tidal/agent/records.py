@@ -10,20 +10,24 @@ from tidal.types import Score
 
 
 class AgentOutcome(str, enum.Enum):
-    """How an agent episode ended, for evaluation. Only pass/fail/step_limit/timeout/agent_error
-    say something about the model; infra and verifier errors are reported apart."""
+    """How an evaluated episode or single answer ended: the one taxonomy of evaluation (the eval
+    harness and a train run's held-out evaluation). Every outcome but infra and verifier errors
+    says something about the model and counts as a failure unless it is `pass`."""
 
-    PASS = "pass"  # the acceptance tests passed
-    FAIL = "fail"  # they did not (the agent submitted, or tampered with the tests)
-    STEP_LIMIT = "step_limit"  # the step or token budget ran out and the tests did not pass
+    PASS = "pass"  # the acceptance tests (an answer: its verifier) passed
+    FAIL = "fail"  # they did not (the agent submitted, or tampered with the tests; a wrong answer)
+    FORMAT_ERROR = "format_error"  # nothing to judge in the required form: no valid tool-call turn
+    # among malformed ones in an episode, or an answer without a final answer / code block
+    STEP_LIMIT = "step_limit"  # the step budget ran out and the tests did not pass
+    CONTEXT_EXCEEDED = "context_exceeded"  # the prompt or history outgrew the context window
     TIMEOUT = "timeout"  # the wall-time budget ran out and the tests did not pass
-    AGENT_ERROR = "agent_error"  # the model's conversation could not go on (e.g. refused as too long)
+    AGENT_ERROR = "agent_error"  # the model's conversation could not go on (refused by the endpoint)
     INFRA_ERROR = "infra_error"  # the sandbox or the endpoint failed: retried, never a model failure
     VERIFIER_ERROR = "verifier_error"  # the task's tests could not judge (a broken task)
 
 
-MODEL_OUTCOMES = (AgentOutcome.PASS, AgentOutcome.FAIL, AgentOutcome.STEP_LIMIT, AgentOutcome.TIMEOUT,
-                  AgentOutcome.AGENT_ERROR)
+MODEL_OUTCOMES = (AgentOutcome.PASS, AgentOutcome.FAIL, AgentOutcome.FORMAT_ERROR, AgentOutcome.STEP_LIMIT,
+                  AgentOutcome.CONTEXT_EXCEEDED, AgentOutcome.TIMEOUT, AgentOutcome.AGENT_ERROR)
 
 
 class Termination(str, enum.Enum):

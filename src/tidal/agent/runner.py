@@ -7,7 +7,8 @@
         check the calls (parse error, unknown tool, invalid arguments); run them if all are valid
         conversation.observe(results)                   # truncated tool output, or the error
     score = run_acceptance(task, session)               # hidden tests, written in now, run in this session
-    outcome = pass | fail | step_limit | timeout | agent_error | infra_error | verifier_error
+    outcome = pass | fail | format_error | step_limit | context_exceeded | timeout | agent_error
+              | infra_error | verifier_error
 
 An invalid turn runs none of its calls; the model is told what was wrong and the step counts
 against the budget. RL training and evaluation both call `run_episode`.
@@ -16,15 +17,28 @@ against the budget. RL training and evaluation both call `run_episode`.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 
 from tidal.agent.acceptance import run_acceptance
 from tidal.agent.context import ContextPolicy
 from tidal.agent.policy import Conversation, Policy, Turn
-from tidal.agent.records import AgentOutcome, AgentResult, CallRecord, StepRecord, Termination
+from tidal.agent.records import (
+    AgentOutcome,
+    AgentResult,
+    CallRecord,
+    StepRecord,
+    Termination,
+)
 from tidal.agent.toolcall import CallValidity, ParsedTurn
-from tidal.agent.tools import ToolContext, ToolSpec, check_arguments, get_tools, tool_schemas
+from tidal.agent.tools import (
+    ToolContext,
+    ToolSpec,
+    check_arguments,
+    get_tools,
+    tool_schemas,
+)
 from tidal.errors import (
     EndpointAuthError,
     EndpointConfigError,
@@ -38,6 +52,8 @@ from tidal.sandbox.session import SessionStore, open_session
 from tidal.types import Outcome, Score, Task
 
 PREVIEW_CHARS = 2000  # of each turn's text and each call's arguments, in the step records
+_CONTEXT_REFUSAL = re.compile(r"context[_ ]length|context window|maximum context|too many tokens|prompt is too long",
+                              re.IGNORECASE)
 
 
 @dataclass
@@ -63,6 +79,12 @@ def _check(parsed: ParsedTurn, tools: dict[str, ToolSpec]) -> tuple[CallValidity
         if problems:
             return CallValidity.INVALID_ARGUMENTS, f"{call.name}: " + "; ".join(problems[:5])
     return CallValidity.VALID, ""
+
+
+def is_context_refusal(error: Exception) -> bool:
+    """Whether an endpoint refused a request for its length (tidal serve says
+    context_length_exceeded; other servers word it their own way)."""
+    return bool(_CONTEXT_REFUSAL.search(str(error)))
 
 
 def _preview(text: str) -> str:
@@ -103,7 +125,7 @@ def run_episode(task: Task, policy: Policy, backend: SandboxBackend, config: Age
                 termination, detail = Termination.INFRA_ERROR, f"acceptance sandbox: {error}"
         acceptance_s = time.monotonic() - acceptance_started
         trace = conversation.trace()
-    outcome = _outcome(termination, score)
+    outcome = _outcome(termination, score, steps)
     if score is not None and outcome is not AgentOutcome.PASS:
         detail = "; ".join(part for part in (detail, score.detail) if part)
     return AgentResult(task.id, task.domain, termination, outcome, steps, score, detail, wall_s, acceptance_s,
@@ -127,7 +149,9 @@ def _loop(conversation: Conversation, tools: dict[str, ToolSpec], context: ToolC
         except EndpointUnavailableError as error:
             return Termination.INFRA_ERROR, str(error), None, _mark_recovery(steps)
         except EndpointRequestError as error:
-            return Termination.AGENT_ERROR, str(error), None, _mark_recovery(steps)
+            # A refusal for length is the context window's doing, not the model's.
+            stop = Termination.TOKEN_LIMIT if is_context_refusal(error) else Termination.AGENT_ERROR
+            return stop, str(error), None, _mark_recovery(steps)
         validity, error_text = _check(turn.parsed, tools)
         calls: list[CallRecord] = []
         results: list[str] = []
@@ -178,17 +202,23 @@ def _mark_recovery(steps: list[StepRecord]) -> list[StepRecord]:
     return steps
 
 
-def _outcome(termination: Termination, score: Score | None) -> AgentOutcome:
-    """The tests decide a pass whatever stopped the loop; otherwise the stop says why it failed."""
+def _outcome(termination: Termination, score: Score | None, steps: list[StepRecord]) -> AgentOutcome:
+    """The tests decide a pass whatever stopped the loop; otherwise the stop says why it failed.
+    A step budget spent without one valid turn, at least one of them malformed (not merely
+    without a call), is a format error: the model never produced a call the harness could run."""
     if termination is Termination.INFRA_ERROR:
         return AgentOutcome.INFRA_ERROR
     if score is None or score.outcome is Outcome.INFRA_ERROR:
         return AgentOutcome.VERIFIER_ERROR
     if score.outcome is Outcome.PASSED:
         return AgentOutcome.PASS
+    validity = {step.validity for step in steps}
+    malformed = validity - {CallValidity.VALID.value, CallValidity.NO_CALL.value}
+    if termination is Termination.STEP_LIMIT and malformed and CallValidity.VALID.value not in validity:
+        return AgentOutcome.FORMAT_ERROR
     return {
         Termination.STEP_LIMIT: AgentOutcome.STEP_LIMIT,
-        Termination.TOKEN_LIMIT: AgentOutcome.STEP_LIMIT,
+        Termination.TOKEN_LIMIT: AgentOutcome.CONTEXT_EXCEEDED,
         Termination.TIMEOUT: AgentOutcome.TIMEOUT,
         Termination.AGENT_ERROR: AgentOutcome.AGENT_ERROR,
     }.get(termination, AgentOutcome.FAIL)

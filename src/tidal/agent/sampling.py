@@ -13,11 +13,6 @@ from tidal.agent.runner import AgentConfig, run_episode
 from tidal.types import Task
 
 
-def is_multi_turn(task: Task) -> bool:
-    """Whether a task is an agent episode (tools, or more than one step) rather than one answer."""
-    return task.domain == "agent" or bool(task.tools) or task.max_steps > 1
-
-
 def sample_agent_results(
     engine: Any,
     tasks: list[Task],

@@ -18,30 +18,34 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tidal.errors import TidalError
+from tidal.errors import QuarantineError
 
 
 def load_quarantine(path: str | Path) -> dict[str, list[str]]:
-    """Task id -> reasons, from a quarantine file. Raises `TidalError` saying what is wrong."""
+    """Task id -> reasons, from a quarantine file. Raises `QuarantineError` saying what is wrong."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
-        raise TidalError(f"{path}: cannot read the quarantine list ({error.strerror}); "
+        raise QuarantineError(f"{path}: cannot read the quarantine list ({error.strerror}); "
                          "write one with `tidal audit TASKS --quarantine PATH`") from error
     except ValueError as error:
-        raise TidalError(f"{path}: the quarantine list is not valid JSON ({error})") from error
+        raise QuarantineError(f"{path}: the quarantine list is not valid JSON ({error})") from error
     entries = data.get("quarantined") if isinstance(data, dict) else data
     if not isinstance(entries, list):
-        raise TidalError(f"{path}: expected a list of task ids or an object with a 'quarantined' list")
+        raise QuarantineError(f"{path}: expected a list of task ids or an object with a 'quarantined' list")
     out: dict[str, list[str]] = {}
     for index, entry in enumerate(entries):
         if isinstance(entry, str):
             out[entry] = []
         elif isinstance(entry, dict) and isinstance(entry.get("task_id"), str):
-            out[entry["task_id"]] = [str(r) for r in entry.get("reasons", [])]
+            reasons = entry.get("reasons", [])
+            if not isinstance(reasons, list):
+                raise QuarantineError(f"{path}: quarantined[{index}] ({entry['task_id']}): reasons must be a list "
+                                      f"of strings, not {type(reasons).__name__}")
+            out[entry["task_id"]] = [str(r) for r in reasons]
         else:
-            raise TidalError(f"{path}: quarantined[{index}]: expected a task id or {{task_id, reasons}}")
+            raise QuarantineError(f"{path}: quarantined[{index}]: expected a task id or {{task_id, reasons}}")
     return out
 
 

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tidal.config.engine import HttpEngineConfig
+from tidal.config.guard import DebugConfig, GuardConfig, TelemetryConfig
 from tidal.config.scale import LoraConfig, ParallelConfig, check_world_size
 from tidal.domains.adaptive import AdaptiveWeightsConfig
 from tidal.domains.curriculum import CurriculumConfig
@@ -85,6 +87,17 @@ class RolloutConfig(Section):
         "decode-shape matmul measures faster in it); the trainer takes the sampler's logprobs as the behaviour "
         "policy's, so bfloat16 sampling is off-policy by its rounding"
     )
+    engine: Literal["embedded", "http"] = Field(
+        "embedded", description="embedded: sample with the trainer's own model in this process | http: an external "
+        "OpenAI-compatible server (`rollout.http`), weights published through its reload endpoint"
+    )
+    http: HttpEngineConfig | None = Field(None, description="engine: http: the server (config/engine.py)")
+
+    @model_validator(mode="after")
+    def _http_has_server(self) -> RolloutConfig:
+        if self.engine == "http" and self.http is None:
+            raise ValueError("rollout.engine is http but rollout.http is not set: give its base_url and model")
+        return self
 
 
 class DomainVerifier(Section):
@@ -576,6 +589,22 @@ class TidalConfig(Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     merge: MergeConfig = Field(default_factory=MergeConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    debug: DebugConfig = Field(default_factory=DebugConfig)
+
+    @model_validator(mode="after")
+    def _injection_supported(self) -> TidalConfig:
+        inject = self.debug.inject
+        if not inject.any():
+            return self
+        if self.pipeline.mode != "sync" or self.trainer.parallel.strategy != "none":
+            raise ValueError("debug.inject runs with pipeline.mode=sync and trainer.parallel.strategy=none only "
+                             "(its faults are placed at exact steps of one trainer)")
+        if inject.reward_hack is not None and inject.reward_hack.domain not in self.tasks.domains:
+            raise ValueError(f"debug.inject.reward_hack.domain {inject.reward_hack.domain!r} is not in tasks.domains "
+                             f"({', '.join(self.tasks.domains)})")
+        return self
 
     @model_validator(mode="after")
     def _overlong_inside_cap(self) -> TidalConfig:
@@ -603,14 +632,23 @@ class TidalConfig(Section):
     def _lora_supported(self) -> TidalConfig:
         if not self.trainer.lora.enabled:
             return self
-        if self.trainer.parallel.strategy == "fsdp2":
-            raise ValueError("trainer.lora with trainer.parallel.strategy 'fsdp2' is not supported: the adapter is a "
-                             "small fraction of the weights, so shard nothing (strategy ddp or none), or train in full")
         from tidal.algos.advantages import CRITIC_ADVANTAGES
 
         if self.algorithm.advantage in CRITIC_ADVANTAGES:
             raise ValueError(f"trainer.lora with algorithm.advantage {self.algorithm.advantage!r} is not supported: "
                              "the value model copies the policy's backbone in full; use a critic-free estimator (grpo, ...)")
+        return self
+
+    @model_validator(mode="after")
+    def _http_engine_supported(self) -> TidalConfig:
+        if self.rollout.engine != "http":
+            return self
+        if self.pipeline.mode != "sync":
+            raise ValueError("rollout.engine=http runs with pipeline.mode=sync only (async rollout workers on an "
+                             "HTTP server are not built yet)")
+        if self.merge.weight < 1:
+            raise ValueError("rollout.engine=http cannot evaluate a merged policy yet (merge.weight < 1): the "
+                             "server would have to be sent the merged weights and back; set merge.weight=1")
         return self
 
     @model_validator(mode="after")

@@ -59,7 +59,7 @@ def evaluate_checklist(summary: dict[str, Any], records: Sequence[dict[str, Any]
     if thresholds.min_pass_rate is not None:
         value = summary.get("pass_rate")
         items.append(_item("pass rate", f"≥ {thresholds.min_pass_rate:.0%}", value,
-                           None if value is None else value >= thresholds.min_pass_rate, "Wilson 95% CI "
+                           None if value is None else value >= thresholds.min_pass_rate, "task-clustered 95% CI "
                            + "–".join(_pct(v) for v in summary.get("ci", [])),
                            [_link(r, r["outcome"]) for r in scored if not r["passed"]]))
     return items

@@ -1,7 +1,8 @@
 """`report.html` of an evaluation: one self-contained file (inline CSS and SVG, no scripts).
 
 Sections: the selection checklist of each model (pass/fail per threshold, with links into the
-per-task traces that explain a failure); outcomes; pass rate per domain with Wilson intervals;
+per-task traces that explain a failure); outcomes, with a sentence on what the interval means;
+pass rate per domain with task-clustered intervals; the tasks an audit quarantined (skipped);
 cost against pass rate; success against the step budget; the latency split (generation, tools,
 overhead); distributions; every task's outcome per epoch, linked to its trace. Several evals
 (the candidate and its baselines) share one report. Text from records is HTML-escaped and a
@@ -101,8 +102,10 @@ def _outcomes_section(views: list[EvalView]) -> str:
         rows.append(f"<tr><td>{_e(view.name)}</td><td>{_pct(s['pass_rate'])} ({ci})</td>"
                     f"<td>{_e(at)}</td><td>{_e(hat)}</td><td>{_num(se)}</td>"
                     f"<td>{_pct(s['format_compliance'])}</td><td>{_pct(s['recovery_rate'])}</td>{cells}</tr>")
+    notes = "".join(f"<p class='sub'>{_e(v.name)}: {_e(v.summary.get('interval_note', ''))}</p>" for v in views)
     return ("<section><h2>Outcomes</h2><p class='sub'>infra_error and verifier_error are reported apart and left "
-            "out of every rate.</p><table><tr><th>model</th><th>pass rate (Wilson 95%)</th><th>pass@k</th>"
+            "out of every rate; every other outcome is the model's and counts as a failure unless it is pass.</p>"
+            f"{notes}<table><tr><th>model</th><th>pass rate (95%, clustered by task)</th><th>pass@k</th>"
             f"<th>pass^k</th><th>cluster SE</th><th>format compliance</th><th>recovery</th>{head}</tr>"
             + "".join(rows) + "</table></section>")
 
@@ -113,7 +116,7 @@ def _domain_chart(views: list[EvalView]) -> str:
         return ""
     group = 30.0 * len(views) + 30
     frame = _Frame(max(420.0, 70 + group * len(domains)), 300, left=48, right=12, top=30, bottom=42)
-    parts = [frame.open("pass rate per domain"), _title(frame, "Pass rate per domain (Wilson 95%)")]
+    parts = [frame.open("pass rate per domain"), _title(frame, "Pass rate per domain (95%, clustered by task)")]
     parts.append(frame.y_grid([0.0, 0.25, 0.5, 0.75, 1.0], lambda v: f"{100 * v:.0f}%"))
     parts.append(frame.x_ticks([], str))
     for index, domain in enumerate(domains):
@@ -185,6 +188,17 @@ def _distribution_section(views: list[EvalView]) -> str:
             "<th>p50</th><th>p90</th><th>max</th><th>total</th></tr>" + "".join(rows) + "</table></section>")
 
 
+def _quarantine_section(views: list[EvalView]) -> str:
+    rows = [f"<tr><td>{_e(v.name)}</td><td>{_e(q['task_id'])}</td><td>{_e(q.get('domain', ''))}</td>"
+            f"<td>{_e('; '.join(q.get('reasons', [])) or 'listed without a reason')}</td></tr>"
+            for v in views for q in v.summary.get("quarantined", [])]
+    if not rows:
+        return ""
+    return ("<section><h2>Quarantined tasks (skipped)</h2><p class='sub'>listed in the audit's quarantine file "
+            "(--quarantine); not run and in no rate.</p><table><tr><th>model</th><th>task</th><th>domain</th>"
+            "<th>reasons</th></tr>" + "".join(rows) + "</table></section>")
+
+
 def _task_section(view: EvalView, report_dir: Path) -> str:
     by_task: dict[str, list[dict[str, Any]]] = {}
     for record in sorted(view.records, key=lambda r: (r["task_id"], r["epoch"])):
@@ -200,7 +214,7 @@ def _task_section(view: EvalView, report_dir: Path) -> str:
             "(links to traces)</th><th>mean steps</th></tr>" + "".join(rows) + "</table></section>")
 
 
-def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Agent evaluation") -> str:
+def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Evaluation") -> str:
     """The report's HTML for `views` (the first is the candidate), links relative to `report_dir`."""
     lines = [_Line(v.name, PALETTE[i % len(PALETTE)], [(float(b), float(p)) for b, p in v.summary["success_by_steps"]])
              for i, v in enumerate(views)]
@@ -214,6 +228,7 @@ def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Ag
         f"<section><h2>Success against the step budget</h2>{budget}</section>",
         f"<section><h2>Latency</h2>{_latency_chart(views)}</section>",
         _distribution_section(views),
+        _quarantine_section(views),
         *[_task_section(v, report_dir) for v in views],
     ]
     return ("<!doctype html><html><head><meta charset='utf-8'>"
@@ -222,7 +237,7 @@ def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Ag
             + "".join(body) + "</main></body></html>")
 
 
-def write_eval_report(views: list[EvalView], path: Path, title: str = "Agent evaluation") -> Path:
+def write_eval_report(views: list[EvalView], path: Path, title: str = "Evaluation") -> Path:
     with atomic_writer(path) as handle:
         handle.write(render_eval_report(views, path.parent, title))
     return path

@@ -1,11 +1,14 @@
 """Held-out evaluation of a policy: sample k answers per task, score them, and summarise pass rates
 per domain, with the paired before/after comparison over the same tasks.
 
-A task's pass rate is the fraction of its scored samples whose outcome is `passed`. Samples whose
-scoring hit an infrastructure error are not counted as failures: they are left out of the task's
-denominator and reported apart (a task with only infra errors has no pass rate). Tasks the audit
-quarantined (`quarantined` ids) are evaluated but reported apart: they count in no domain's rate,
-only in a `quarantined` entry. A record's domain is the config domain the run drew the task for
+Outcomes are evaluation's one taxonomy (`AgentOutcome`): single answers are judged as the eval
+harness judges them (answers.py), episodes by their acceptance tests, so `tidal eval` of the same
+model on the same tasks gives the same per-task results. A task's pass rate is the fraction of its
+scored samples whose outcome is `pass`. Infra and verifier errors are not counted as failures:
+they are left out of the task's denominator and reported apart (a task with only those has no pass
+rate). Per-domain intervals are clustered by task (stats.clustered_interval): a task's samples are
+not independent draws. Tasks the audit quarantined (`quarantined` ids) are evaluated but reported
+apart: they count in no domain's rate, only in a `quarantined` entry. A record's domain is the config domain the run drew the task for
 (`metadata.config_domain`, e.g. `math_new` for a hand-written math set), else the task's own.
 """
 
@@ -16,30 +19,33 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tidal.eval.stats import paired_difference, wilson_interval
+from tidal.agent.records import MODEL_OUTCOMES, AgentOutcome
+from tidal.eval.answers import ScoreMany, context_window, judge, over_window
+from tidal.eval.stats import clustered_interval, paired_difference
 from tidal.models.io import render_prompt
-from tidal.rollout.engine import EmbeddedEngine, SamplingParams
-from tidal.types import Outcome, Task
-
+from tidal.rollout.engine import SamplingParams
+from tidal.rollout.protocol import RolloutEngine
+from tidal.types import Task
 
 CONFIG_DOMAIN_KEY = "config_domain"  # task.metadata: the config domain a run drew the task for
 
 
-def _record(task: Task, scores: list[Any], completion_tokens: int, answers: list[str], seconds: float,
-            quarantined: frozenset[str] | set[str]) -> dict[str, Any]:
-    outcomes = Counter(s.outcome.value for s in scores)
-    valid = [s for s in scores if s.outcome is not Outcome.INFRA_ERROR]
-    passed = sum(s.outcome is Outcome.PASSED for s in valid)
+def _record(task: Task, judged: list[tuple[AgentOutcome, float]], completion_tokens: int, answers: list[str],
+            seconds: float, quarantined: frozenset[str] | set[str]) -> dict[str, Any]:
+    """One task's record from its samples' (outcome, reward)."""
+    outcomes = Counter(outcome.value for outcome, _ in judged)
+    valid = [value for outcome, value in judged if outcome in MODEL_OUTCOMES]
+    passed = sum(outcome is AgentOutcome.PASS for outcome, _ in judged)
     return {
         "task_id": task.id,
         "domain": task.metadata.get(CONFIG_DOMAIN_KEY, task.domain),
         "quarantined": task.id in quarantined,
         "difficulty": task.difficulty,
-        "samples": len(scores),
+        "samples": len(judged),
         "scored": len(valid),
         "passed": passed,
         "pass_rate": passed / len(valid) if valid else None,
-        "mean_reward": sum(s.value for s in valid) / len(valid) if valid else None,
+        "mean_reward": sum(valid) / len(valid) if valid else None,
         "outcomes": dict(outcomes),
         "completion_tokens": completion_tokens,
         "answers": answers[:2],
@@ -48,9 +54,9 @@ def _record(task: Task, scores: list[Any], completion_tokens: int, answers: list
 
 
 def evaluate_policy(
-    engine: EmbeddedEngine,
+    engine: RolloutEngine,
     tasks: Sequence[Task],
-    score_many: Callable[[list[tuple[Task, str]]], list[Any]],
+    score_many: ScoreMany,
     *,
     samples_per_task: int,
     temperature: float,
@@ -68,12 +74,22 @@ def evaluate_policy(
     """One record per task (in task order): pass rate, mean reward, outcome counts and two sample
     answers. Multi-turn (agent) tasks run as episodes (`max_new_tokens` per turn, `agent_*`: the
     sandbox backend, episodes at once, context budget) and are judged by their acceptance tests."""
-    from tidal.agent.sampling import is_multi_turn
+    from tidal.types import is_multi_turn
 
-    single = [task for task in tasks if not is_multi_turn(task)]
-    multi = [task for task in tasks if is_multi_turn(task)]
     by_id: dict[str, dict[str, Any]] = {}
-    prompts = [render_prompt(engine.tokenizer, task.messages()) for task in single]
+    window = context_window(engine)
+    single, prompts = [], []
+    for task in tasks:
+        if is_multi_turn(task):
+            continue
+        prompt = render_prompt(engine.tokenizer, task.messages())
+        if over_window(len(prompt), window):  # judged as answers.answer_task judges it
+            by_id[task.id] = _record(task, [(AgentOutcome.CONTEXT_EXCEEDED, 0.0)] * samples_per_task, 0, [], 0.0,
+                                     quarantined)
+        else:
+            single.append(task)
+            prompts.append(prompt)
+    multi = [task for task in tasks if is_multi_turn(task)]
     for start in range(0, len(single), batch_prompts):
         chunk = single[start : start + batch_prompts]
         params = SamplingParams(
@@ -85,13 +101,13 @@ def evaluate_policy(
         elapsed = time.perf_counter() - began
         for i, (task, group) in enumerate(zip(chunk, groups)):
             task_scores = scores[i * samples_per_task : (i + 1) * samples_per_task]
-            by_id[task.id] = _record(task, task_scores, sum(len(c.token_ids) for c in group),
-                                     [c.text for c in group], elapsed / len(chunk), quarantined)
+            judged = [(judge(s), s.value) for s in task_scores]
+            by_id[task.id] = _record(task, judged, sum(len(c.token_ids) for c in group), [c.text for c in group],
+                                     elapsed / len(chunk), quarantined)
         if on_progress:
             on_progress(len(by_id), len(tasks))
     if multi:
         from tidal.agent.sampling import sample_agent_results
-        from tidal.types import Score
 
         began = time.perf_counter()
         results = sample_agent_results(engine, multi, samples_per_task, temperature=temperature, top_p=top_p,
@@ -99,18 +115,20 @@ def evaluate_policy(
                                        seed=seed, backend=agent_backend, concurrency=agent_concurrency)
         elapsed = time.perf_counter() - began
         for task, episodes in zip(multi, results):
-            scores = [r.score if r.reward is not None else Score(0.0, Outcome.INFRA_ERROR, detail=r.detail)
-                      for r in episodes]
+            judged = [(r.outcome, r.reward if r.reward is not None else 0.0) for r in episodes]
             tokens = sum(int(r.totals()["tokens_out"]) for r in episodes)
             answers = [(r.steps[-1].text if r.steps else "") for r in episodes]
-            by_id[task.id] = _record(task, scores, tokens, answers, elapsed / len(multi), quarantined)
+            by_id[task.id] = _record(task, judged, tokens, answers, elapsed / len(multi), quarantined)
         if on_progress:
             on_progress(len(by_id), len(tasks))
     return [by_id[task.id] for task in tasks]
 
 
 def pass_rates(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per-domain and overall pass rate of one evaluation, with a Wilson interval over samples."""
+    """Per-domain and overall pass rate of one evaluation (the mean of its tasks' rates), with the
+    task-clustered 95% interval of the pooled rate (equal to the mean when every sample of every
+    task was scored); `design_effect` says how much the repeats of a task were worth less than
+    independent samples (1: not at all; samples per task: identical repeats)."""
     out: dict[str, dict[str, Any]] = {}
     apart = [r for r in records if r.get("quarantined")]
     records = [r for r in records if not r.get("quarantined")]
@@ -118,14 +136,14 @@ def pass_rates(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for name in [*domains, "overall", *(["quarantined"] if apart else [])]:
         pool = apart if name == "quarantined" else records
         rows = [r for r in pool if (name in ("overall", "quarantined") or r["domain"] == name) and r["pass_rate"] is not None]
-        passed, scored = sum(r["passed"] for r in rows), sum(r["scored"] for r in rows)
-        low, high = wilson_interval(passed, scored) if scored else (0.0, 0.0)
+        interval = clustered_interval([r["passed"] for r in rows], [r["scored"] for r in rows])
         out[name] = {
             "pass_rate": sum(r["pass_rate"] for r in rows) / len(rows) if rows else None,
             "tasks": len(rows),
-            "samples": scored,
-            "ci_low": low,
-            "ci_high": high,
+            "samples": interval.samples,
+            "ci_low": interval.low if rows else 0.0,
+            "ci_high": interval.high if rows else 0.0,
+            "design_effect": interval.design_effect,
         }
     return out
 

@@ -1,17 +1,19 @@
 """Metrics of an evaluation, from its results records (harness.py), with their uncertainty.
 
-- outcomes: counts of every outcome; infra and verifier errors are reported apart and left out of
-  every rate (they say nothing about the model);
-- pass rate with a Wilson interval over episodes, and a cluster-robust standard error
-  (compare.cluster_se) with tasks as clusters when there are several epochs, or with the tasks'
-  `group` when tasks share one;
+- outcomes: counts of every outcome (agent/records.py's taxonomy); infra and verifier errors are
+  reported apart and left out of every rate (they say nothing about the model);
+- pass rate with its 95% interval clustered by task (stats.clustered_interval; by the tasks'
+  `group` when tasks share one): episodes of one task are correlated, identical at temperature 0,
+  so the interval is never narrower than the one over tasks would be when repeats agree; also a
+  cluster-robust standard error (compare.cluster_se) over tasks when there are several epochs;
 - pass@k (unbiased, 1 − C(n−c,k)/C(n,k)) and pass^k (C(c,k)/C(n,k)) averaged over tasks, for
   k = 1..epochs;
-- per domain: episodes, pass rate, Wilson interval;
+- per domain: episodes, pass rate, the same task-clustered interval;
 - distributions (mean, p50, p90, max) of steps, tokens, cost and latency, and the latency split
   Σ generation + Σ tool + Σ overhead;
 - tool-call format compliance (valid turns / turns) and recovery (invalid turns followed by a
-  valid one / invalid turns that had a next turn);
+  valid one / invalid turns that had a next turn), over agent episodes only (an answer to a
+  single-turn task calls no tool);
 - success against the step budget: the share of episodes that passed within b steps, for each b.
 """
 
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tidal.agent.records import AgentOutcome
-from tidal.eval.stats import pass_at_k, pass_hat_k, wilson_interval
+from tidal.eval.stats import clustered_interval, pass_at_k, pass_hat_k
 
 APART = {AgentOutcome.INFRA_ERROR.value, AgentOutcome.VERIFIER_ERROR.value}
 DISTRIBUTED = ("steps", "tokens_in", "tokens_out", "cost", "latency_s", "generation_s", "tool_s", "overhead_s")
@@ -48,9 +50,18 @@ def _cluster_se(values: list[float], groups: list[str]) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _rate(passed: int, n: int) -> dict[str, Any]:
-    low, high = wilson_interval(passed, n)
-    return {"n": n, "passed": passed, "pass_rate": passed / n if n else None, "ci": [low, high]}
+def _rate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Pass rate of scored records, with the interval clustered by their `group` (the task id
+    unless tasks share a group)."""
+    clusters: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for record in records:
+        cell = clusters[str(record.get("group") or record["task_id"])]
+        cell[0] += bool(record["passed"])
+        cell[1] += 1
+    interval = clustered_interval([c[0] for c in clusters.values()], [c[1] for c in clusters.values()])
+    passed, n = sum(c[0] for c in clusters.values()), len(records)
+    return {"n": n, "passed": passed, "pass_rate": passed / n if n else None, "ci": [interval.low, interval.high],
+            "clusters": interval.clusters, "design_effect": interval.design_effect}
 
 
 def summarize(records: Sequence[dict[str, Any]], epochs: int = 1) -> dict[str, Any]:
@@ -64,8 +75,11 @@ def summarize(records: Sequence[dict[str, Any]], epochs: int = 1) -> dict[str, A
         "episodes": len(records), "scored": len(scored), "outcomes": dict(sorted(outcomes.items())),
         "infra_errors": outcomes.get(AgentOutcome.INFRA_ERROR.value, 0),
         "verifier_errors": outcomes.get(AgentOutcome.VERIFIER_ERROR.value, 0),
-        **_rate(int(sum(passes)), len(scored)),
+        **_rate(scored),
     }
+    summary["interval"] = {"method": "Wilson at the task-clustered effective sample size", "confidence": 0.95,
+                           "clusters": summary["clusters"], "samples": len(scored),
+                           "design_effect": summary["design_effect"]}
     by_task = [str(r["task_id"]) for r in scored]
     by_group = [str(r.get("group") or r["task_id"]) for r in scored]
     summary["cluster_se_task"] = _cluster_se(passes, by_task) if len(set(by_task)) < len(by_task) else None
@@ -86,13 +100,14 @@ def summarize(records: Sequence[dict[str, Any]], epochs: int = 1) -> dict[str, A
     domains: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in scored:
         domains[record["domain"]].append(record)
-    summary["domains"] = {d: _rate(sum(bool(r["passed"]) for r in rs), len(rs)) for d, rs in sorted(domains.items())}
+    summary["domains"] = {d: _rate(rs) for d, rs in sorted(domains.items())}
 
     summary["distributions"] = {key: distribution([float(r.get(key) or 0.0) for r in scored]) for key in DISTRIBUTED}
-    turns = sum(int(r.get("steps", 0)) for r in scored)
-    valid = sum(int(r.get("calls_valid", 0)) for r in scored)
-    followed = sum(int(r.get("failures_followed", 0)) for r in scored)
-    recovered = sum(int(r.get("recoveries", 0)) for r in scored)
+    episodes = [r for r in scored if r.get("kind", "episode") == "episode"]
+    turns = sum(int(r.get("steps", 0)) for r in episodes)
+    valid = sum(int(r.get("calls_valid", 0)) for r in episodes)
+    followed = sum(int(r.get("failures_followed", 0)) for r in episodes)
+    recovered = sum(int(r.get("recoveries", 0)) for r in episodes)
     summary["format_compliance"] = valid / turns if turns else None
     summary["recovery_rate"] = recovered / followed if followed else None
     summary["latency_split"] = {key: float(sum(float(r.get(key) or 0.0) for r in scored))

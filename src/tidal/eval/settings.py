@@ -62,6 +62,8 @@ class EvalSettings(_Section):
     budgets: Budgets = Field(default_factory=Budgets)
     retries: Retries = Field(default_factory=Retries)
     temperature: float = Field(0.0, ge=0, le=2, description="sampling temperature (0 = greedy)")
+    stop: list[str] = Field(default_factory=list, description=(
+        "stop strings of a local model's turns and answers (a train run's held-out evaluation uses rollout.stop)"))
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the endpoint's key")
     request_timeout_s: float = Field(120.0, gt=0, description="one HTTP request to an endpoint")
     prices: dict[str, Price] = Field(default_factory=dict, description="model spec prefix -> price")

@@ -1,4 +1,9 @@
-"""Statistics for evaluation: binomial and t intervals, paired comparison, pass@k and pass^k.
+"""Statistics for evaluation: binomial, task-clustered and t intervals, paired comparison, pass@k
+and pass^k.
+
+`clustered_interval` is the interval of every pass rate tidal reports (eval summaries, train
+summaries): samples of one task are not independent. `wilson_interval` is right only where they
+are (one sample per task).
 
 Only numpy and the standard library. The Student t distribution is computed here: its CDF from
 the regularized incomplete beta function (a continued fraction), its quantile by bisection on
@@ -169,6 +174,71 @@ def wilson_interval(successes: float, n: int, confidence: float = 0.95) -> tuple
     low = 0.0 if successes == 0 else max(0.0, center - half)
     high = 1.0 if successes == n else min(1.0, center + half)
     return low, high
+
+
+def _wilson_float(p: float, n: float, z: float) -> tuple[float, float]:
+    """The Wilson score bounds of a proportion `p` observed over `n` (possibly fractional) samples."""
+    z2 = z * z
+    denominator = 1.0 + z2 / n
+    center = (p + z2 / (2.0 * n)) / denominator
+    half = z * math.sqrt(max(0.0, p * (1.0 - p) / n + z2 / (4.0 * n * n))) / denominator
+    low = 0.0 if p <= 0.0 else max(0.0, center - half)
+    high = 1.0 if p >= 1.0 else min(1.0, center + half)
+    return low, high
+
+
+@dataclass(frozen=True)
+class ClusteredRate:
+    """A pass rate over samples grouped in clusters (tasks), with its task-clustered interval."""
+
+    rate: float | None  # pooled: successes / samples; None without samples
+    low: float
+    high: float
+    clusters: int  # tasks
+    samples: int
+    effective_n: float  # samples / design effect, within [clusters, samples]
+    design_effect: float  # samples / effective_n: 1 for independent samples, up to samples/clusters
+
+
+def clustered_interval(successes: Sequence[float], samples: Sequence[int],
+                       confidence: float = 0.95) -> ClusteredRate:
+    """The Wilson interval of a pooled rate at the effective sample size of task-clustered samples.
+
+    Cluster i (a task) has `successes[i]` of `samples[i]`. Repeats of one task are correlated (at
+    temperature 0 identical), so counting them as independent draws overstates what was measured.
+    The variance of the pooled rate p = sum(y) / sum(n) is estimated cluster-robustly, with the
+    ratio estimator's residuals e_i = y_i - p n_i: var = sum(e_i^2) / sum(n)^2 (Cochran 1977,
+    §6.4, without the small-sample factor G/(G-1), so that n_eff is exactly G below). The
+    effective sample size p(1-p) / var, kept within [G, N] (a design effect 1 + (m-1) rho lies in
+    [1, m] for a within-task correlation rho in [0, 1]), goes into the Wilson formula. Identical
+    repeats give n_eff = G: exactly the Wilson interval over the G tasks; independent repeats give
+    about N, the Wilson interval over samples. At p = 0 or 1 the variance says nothing about the
+    correlation, and the conservative n_eff = G is used. No samples: rate None, interval (0, 1).
+    """
+    _check_confidence(confidence)
+    y = np.asarray(successes, dtype=np.float64).reshape(-1)
+    n = np.asarray(samples, dtype=np.float64).reshape(-1)
+    if y.size != n.size:
+        raise ValueError(f"{y.size} success counts for {n.size} sample counts: one each per cluster")
+    if np.any(n < 0) or np.any(y < 0) or np.any(y > n):
+        raise ValueError("need 0 <= successes <= samples in every cluster")
+    keep = n > 0
+    y, n = y[keep], n[keep]
+    clusters, total = int(y.size), float(n.sum())
+    if clusters == 0:
+        return ClusteredRate(None, 0.0, 1.0, 0, 0, 0.0, 1.0)
+    rate = float(y.sum() / total)
+    variance = float(np.sum((y - rate * n) ** 2)) / total**2
+    binomial = rate * (1.0 - rate)
+    if binomial <= 0.0:
+        effective = float(clusters)
+    elif variance <= 1e-15 * binomial:
+        effective = total
+    else:
+        effective = min(total, max(float(clusters), binomial / variance))
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    low, high = _wilson_float(rate, effective, z)
+    return ClusteredRate(rate, low, high, clusters, int(total), effective, total / effective)
 
 
 def _as_array(values: Sequence[float], name: str) -> np.ndarray:

@@ -395,7 +395,7 @@ class AsyncSource:
 
     def publish(self, version: int) -> None:
         self.channel.publish(publish(self.parts.trainer.model, version, self.canary, self.adapter_only))
-        self.parts.engine.update_weights(None, version=version)  # the trainer-shared engine (evaluation)
+        self.parts.sync_engine(version)  # the trainer-shared engine (evaluation)
 
     def report(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         """The pipeline's metrics for step `step` (whose `metrics` hold its timings); ratio

@@ -8,7 +8,10 @@ store's ledger right after (exactly once), and a checkpoint (model, optimizer, s
 mixer, watch, domains) is written every `checkpoint_every` steps, so a crash loses at most the
 steps since the last one, redone with the same tasks and ids on resume. A step hook may hold the
 rollouts (the held-out evaluation) or ask for a rollback to a checkpoint, which the loop does as
-an in-process resume: the ledger voids the rolled-back steps, which are then redone.
+an in-process resume: the ledger voids the rolled-back steps, which are then redone; or for a
+pause, which stops the run cleanly at its latest checkpoint (`RunPaused`; `tidal train RUN_FOLDER`
+resumes it). A hook may also prepare each step (`before_step`: fault injection) and re-apply its
+own decisions after a rollback (`after_restore`: the guard's quarantines and learning rate).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from tidal.errors import CheckpointError
+from tidal.errors import CheckpointError, RunPaused
 from tidal.pipeline.sources import BatchSource, open_source
 from tidal.pipeline.stages import LoopParts, ScoredBatch, run_state, step_metrics
 from tidal.storage.store import TrajectoryStore, open_run_store
@@ -46,6 +49,13 @@ class Rollback:
 
 
 @dataclass
+class Pause:
+    """A step hook's request: stop the run cleanly; the latest checkpoint is where it resumes."""
+
+    reason: str
+
+
+@dataclass
 class StepContext:
     """What a step hook sees after step `step` (updates done): its metrics row, as written, and
     the parts; `hold` keeps new rollout work from starting while the hook uses the engine."""
@@ -54,15 +64,20 @@ class StepContext:
     metrics: dict[str, Any]
     parts: LoopParts
     source: BatchSource
+    batch: ScoredBatch | None = None  # the step's batch, as trained
 
     def hold(self, priority: int, name: str) -> Any:
         return self.source.hold(priority, name)
 
 
 class StepHook(Protocol):
-    def after_step(self, context: StepContext) -> Rollback | None:
+    def after_step(self, context: StepContext) -> Rollback | Pause | None:
         """Called after each step's metrics row, before its checkpoint (which holds what the hook
-        changed in the parts); a `Rollback` rewinds the run instead, and the step is not saved."""
+        changed in the parts); a `Rollback` rewinds the run instead, and the step is not saved; a
+        `Pause` stops the run, the step not saved either.
+
+        Optional: `before_step(parts, step)`, called before batch `step` is made, and
+        `after_restore(parts, step)`, called once a rollback restored the checkpoint at `step`."""
         ...
 
 
@@ -78,32 +93,44 @@ def run_rl(parts: LoopParts, start_step: int = 0, hooks: Sequence[StepHook] = ()
         store = open_run_store(parts.run, cfg.run.trajectory_store)
         rewind(parts, store, step)
         source = open_source(parts, store, store_lock, step)
-        request: Rollback | None = None
+        request: Rollback | Pause | None = None
         try:
             while step < cfg.trainer.steps and request is None:
-                metrics, state = train_step(parts, source, store, store_lock, step)
+                for hook in hooks:
+                    if hasattr(hook, "before_step"):
+                        hook.before_step(parts, step)
+                metrics, state, batch = train_step(parts, source, store, store_lock, step)
                 taken, step = taken + 1, step + 1
-                request = run_hooks(hooks, StepContext(step, metrics, parts, source))
+                request = run_hooks(hooks, StepContext(step, metrics, parts, source, batch))
                 if request is None and (step % cfg.trainer.checkpoint_every == 0 or step == cfg.trainer.steps):
                     save_rl_checkpoint(parts, step, state)
         finally:
             source.close()
+        if isinstance(request, Pause):
+            logger.warning("paused at step %d: %s", step, request.reason)
+            parts.run.append_jsonl("pauses.jsonl", {"step": step, "reason": request.reason})
+            raise RunPaused(step, request.reason)
         if request is not None:
             step = roll_back(parts, request, step)
+            for hook in hooks:
+                if hasattr(hook, "after_restore"):
+                    hook.after_restore(parts, step)
     return taken
 
 
-def run_hooks(hooks: Sequence[StepHook], context: StepContext) -> Rollback | None:
-    """Every hook, in order; the first rollback any of them asks for."""
+def run_hooks(hooks: Sequence[StepHook], context: StepContext) -> Rollback | Pause | None:
+    """Every hook, in order; the first pause any of them asks for, else the first rollback."""
     requests = [hook.after_step(context) for hook in hooks]
-    return next((request for request in requests if request is not None), None)
+    pause = next((request for request in requests if isinstance(request, Pause)), None)
+    return pause or next((request for request in requests if request is not None), None)
 
 
 def train_step(
     parts: LoopParts, source: BatchSource, store: TrajectoryStore, store_lock: threading.Lock, step: int
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
+) -> tuple[dict[str, Any], dict[str, Any] | None, ScoredBatch]:
     """One step: batch `step` from the source, the update, the ledger, the publication and the
-    metrics row. Returns the row, and the run state a checkpoint after it holds (`ScoredBatch.state`)."""
+    metrics row. Returns the row, the run state a checkpoint after it holds (`ScoredBatch.state`)
+    and the batch."""
     began = time.perf_counter()
     batch = source.next_batch(step)
     kept = batch.kept
@@ -120,7 +147,7 @@ def train_step(
     source.publish(step + 1)
     timings["publish_s"] = time.perf_counter() - mark
     timings["step_s"] = time.perf_counter() - began
-    return record_step(parts, source, batch, {**train_metrics, **timings}, step), batch.state
+    return record_step(parts, source, batch, {**train_metrics, **timings}, step), batch.state, batch
 
 
 def record_step(parts: LoopParts, source: BatchSource, batch: ScoredBatch, update: dict[str, Any], step: int) -> dict[str, Any]:
@@ -169,7 +196,14 @@ def save_rl_checkpoint(parts: LoopParts, step: int, state: dict[str, Any] | None
     state = state if state is not None else run_state(parts)
     parts.trainer.save(root / f"step-{step:06d}", step, extra={**state, "weight_version": step},
                        tokenizer=parts.engine.tokenizer)
-    prune_checkpoints(root, parts.config.trainer.keep_checkpoints)
+    prune_checkpoints(root, retained_checkpoints(parts.config))
+
+
+def retained_checkpoints(cfg: Any) -> int:
+    """RL checkpoints kept: `trainer.keep_checkpoints`, or more (`guard.keep_checkpoints`) when
+    the guard may roll back to one from before the step it blames."""
+    keep = cfg.trainer.keep_checkpoints
+    return max(keep, cfg.guard.keep_checkpoints) if cfg.guard.rolls_back() else keep
 
 
 def resume_rl(parts: LoopParts, checkpoint: Path | None = None) -> int:
@@ -183,7 +217,7 @@ def resume_rl(parts: LoopParts, checkpoint: Path | None = None) -> int:
         parts.watch.load_state_dict(extra["watch"])
     if extra.get("domains"):
         parts.domains.load_state_dict(extra["domains"])
-    parts.engine.update_weights(None, version=int(extra.get("weight_version", step)))
+    parts.sync_engine(int(extra.get("weight_version", step)))
     return step
 
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from tidal.agent.sampling import is_multi_turn
 from tidal.config.schema import TidalConfig
 from tidal.errors import PlanError
 from tidal.models.io import render_prompt, resolve_device
@@ -38,7 +37,7 @@ from tidal.trainer.plan import (
     shape_of,
 )
 from tidal.trainer.precision import matmul_rates
-from tidal.types import Task
+from tidal.types import Task, is_multi_turn
 
 LONGEST_CANDIDATES = 32  # prompts rendered to find the longest: the longest by characters
 RATE_TOKENS = 2048  # rows of the CPU's matmul probe: enough that the call's overhead does not count

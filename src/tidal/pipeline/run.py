@@ -33,19 +33,30 @@ from tidal.models.io import (
     save_checkpoint,
 )
 from tidal.pipeline.domains import DomainRuntime, make_suspect_auditor
-from tidal.pipeline.loop import Rollback, StepContext, StepHook, resume_rl, run_rl
+from tidal.pipeline.engines import build_engine, holds_copy
+from tidal.pipeline.guard_hook import build_guard_hook
+from tidal.pipeline.loop import (
+    Rollback,
+    StepContext,
+    StepHook,
+    resume_rl,
+    run_rl,
+    save_rl_checkpoint,
+)
 from tidal.pipeline.planning import check_plan
 from tidal.pipeline.scheduler import EVAL_PRIORITY
 from tidal.pipeline.stages import LoopParts
 from tidal.pipeline.warmstart import sft_examples, split_for_warm_start, warm_start
+from tidal.pipeline.weights import publish_to_engine
 from tidal.reward import known_verifiers
 from tidal.reward.scorer import Scorer
-from tidal.rollout.engine import EmbeddedEngine
+from tidal.rollout.protocol import RolloutEngine
 from tidal.storage.run import RunFolder
 from tidal.storage.trajectories import TrajectoryWriter
 from tidal.tasks import generate_tasks, load_tasks, write_tasks
 from tidal.tasks.mixer import TaskMixer
 from tidal.telemetry.progress import ProgressDisplay, rl_status
+from tidal.telemetry.sinks import open_sinks
 from tidal.trainer.checkpoint import latest_checkpoint
 from tidal.trainer.lora import AdapterMerge, apply_lora, has_adapter, plain_copy
 from tidal.trainer.merge import Merge
@@ -108,7 +119,7 @@ def with_domain_prompt(
 
 
 def build_parts(
-    cfg: TidalConfig, run: RunFolder, engine: EmbeddedEngine, trainer: Trainer, scorer: Scorer,
+    cfg: TidalConfig, run: RunFolder, engine: RolloutEngine, trainer: Trainer, scorer: Scorer,
     train_by_domain: dict[str, list[Task]], warm_tasks: list[Task],
 ) -> LoopParts:
     """The loop's parts: the mixer over the train tasks, the watch, the domains' runtime (with
@@ -123,7 +134,7 @@ def build_parts(
         auditor = make_suspect_auditor(cfg, {t.id: t for t in all_train})
     domains = DomainRuntime(cfg, mixer, base, auditor)
     return LoopParts(cfg, run, engine, trainer, scorer, mixer, domains, TaskWatch(cfg.audit.watch),
-                     engine.tokenizer.pad_token_id)
+                     engine.tokenizer.pad_token_id, engine_holds_copy=holds_copy(cfg))
 
 
 class ProgressHook:
@@ -201,6 +212,21 @@ class Job:
         return self.earlier_s + time.perf_counter() - self.started
 
     def execute(self) -> Path:
+        """Run every phase, with the telemetry sinks of `telemetry:` open throughout (each metrics
+        row goes to them once it is on disk); returns the report."""
+        cfg, run = self.cfg, self.run
+        sinks = open_sinks(cfg.telemetry, run.path, run.name, cfg.model_dump(mode="json"))
+        prometheus = next((s for s in sinks.sinks if s.name == "prometheus"), None)
+        if prometheus is not None:
+            run.write_json("prometheus.json", {"host": cfg.telemetry.prometheus_host, "port": prometheus.port})  # type: ignore[attr-defined]
+        run.listeners.append(sinks)
+        try:
+            return self._execute()
+        finally:
+            run.listeners.remove(sinks)
+            sinks.close()
+
+    def _execute(self) -> Path:
         cfg, run = self.cfg, self.run
         transformers.utils.logging.disable_progress_bar()  # our own progress display is enough
         torch.manual_seed(cfg.run.seed)
@@ -218,7 +244,9 @@ class Job:
                 trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
                 self.progress.log(f"LoRA r={cfg.trainer.lora.r}: {trainable / 1e6:.3f}M trainable parameters")
             # Built after the adapter is in: the engine picks its forward from the model's layers.
-            engine = EmbeddedEngine.from_config(model, tokenizer, device, cfg.rollout)
+            engine = build_engine(cfg, model, tokenizer, device, run.path)
+            if holds_copy(cfg):  # an HTTP server: it gets the (warm-started) policy before evaluating it
+                publish_to_engine(engine, model, 0, cfg.pipeline.canary_tolerance)
             # With LoRA the reference is the base model, the adapter switched off (no copy).
             reference = copy.deepcopy(model).eval() if cfg.algorithm.kl_coef > 0 and not lora else None
             # The weights RL starts from, merged back into what is evaluated and exported; a copy of
@@ -240,6 +268,9 @@ class Job:
                 if isinstance(trainer, ParallelTrainer):
                     trainer.close()
             after = evaluate("after")
+            close = getattr(engine, "close", None)  # the HTTP engine's request threads
+            if close is not None:
+                close()
             with merge.view(model) if merge is not None else contextlib.nullcontext():
                 policy = self._export_policy(model, tokenizer, merge)
         summary = self._summary(loaded.source, count_parameters(model), before, after, rl_seconds)
@@ -295,8 +326,15 @@ class Job:
         self.progress.phase("rl", cfg.trainer.steps, start)
         began = time.perf_counter()
         before_rates = {d: r["pass_rate"] for d, r in pass_rates(before).items() if r["pass_rate"] is not None}
-        run_rl(parts, start, [ProgressHook(self.progress), HeldoutHook(self, evaluate, before_rates), ElapsedHook(self),
-                              *self.hooks])
+        guard = build_guard_hook(parts, before_rates)
+        if start == 0 and cfg.guard.rolls_back():  # a rollback may go back to before the first update
+            save_rl_checkpoint(parts, 0)
+        own: list[StepHook] = [ProgressHook(self.progress), HeldoutHook(self, evaluate, before_rates), ElapsedHook(self)]
+        try:
+            run_rl(parts, start, [*own, *([guard] if guard is not None else []), *self.hooks])
+        finally:
+            if guard is not None:
+                guard.close()
         self.mark("rl", cfg.trainer.steps)
         # Over every attempt: the steps' own seconds (a step redone after a crash counts once).
         rows = [m for m in self.run.read_metrics() if m.get("phase") == "rl" and "step_s" in m]
@@ -325,7 +363,7 @@ class Job:
         model.load_state_dict(state, strict=False)
 
     def _evaluate(
-        self, tag: str, engine: EmbeddedEngine, scorer: Scorer, tasks: list[Task], force: bool = False
+        self, tag: str, engine: RolloutEngine, scorer: Scorer, tasks: list[Task], force: bool = False
     ) -> list[dict[str, Any]]:
         """Evaluate on the held-out tasks, or reuse the records of a finished earlier attempt."""
         if f"eval_{tag}" in self.state and not force:

@@ -22,6 +22,7 @@ from tidal.pipeline.stages import (
     score_groups,
     store_groups,
 )
+from tidal.rollout.protocol import ReportsStats
 from tidal.storage.store import TrajectoryStore
 
 
@@ -72,10 +73,11 @@ class InlineSource:
         return ScoredBatch(step, groups, drops, timings, gate_metrics(parts, step))
 
     def publish(self, version: int) -> None:
-        self.parts.engine.update_weights(None, version=version)
+        self.parts.sync_engine(version)
 
     def report(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
-        return self.scoring.metrics()
+        engine = self.parts.engine
+        return {**self.scoring.metrics(), **(engine.stats() if isinstance(engine, ReportsStats) else {})}
 
     def hold(self, priority: int, name: str) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # nothing runs beside the caller

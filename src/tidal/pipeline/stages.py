@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidal.agent.sampling import is_multi_turn
 from tidal.algos import assign_advantages
 from tidal.audit.continuous import TaskWatch
 from tidal.config.schema import TidalConfig
@@ -21,6 +20,7 @@ from tidal.gate import gate_episodes
 from tidal.models.io import render_prompt
 from tidal.pipeline.agent_rollout import sample_agent_groups
 from tidal.pipeline.domains import DomainRuntime
+from tidal.pipeline.weights import publish_to_engine
 from tidal.reward.protocol import ScoringWorker
 from tidal.rollout.engine import Cancel, SamplingParams
 from tidal.rollout.protocol import RolloutEngine
@@ -29,7 +29,7 @@ from tidal.storage.store import TrajectoryStore
 from tidal.tasks.mixer import TaskMixer
 from tidal.trainer.parallel.trainer import ParallelTrainer
 from tidal.trainer.trainer import Trainer
-from tidal.types import Episode, Group, Outcome, Task, flatten
+from tidal.types import Episode, Group, Outcome, Task, flatten, is_multi_turn
 
 
 @dataclass
@@ -46,6 +46,19 @@ class LoopParts:
     domains: DomainRuntime  # per-domain composition, normalisation, curriculum, replay
     watch: TaskWatch  # the continuous audit: quarantines tasks from the gate's signals
     pad_id: int
+    # Whether `engine` holds its own copy of the policy (an HTTP server) rather than sampling with
+    # the trainer's model: then each version is published to it and verified (`sync_engine`).
+    engine_holds_copy: bool = False
+
+    def sync_engine(self, version: int) -> None:
+        """Bring `engine` to the trainer's weights after `version` updates: a version bump when it
+        samples with the trainer's model; else a publication loaded into it and verified
+        (checksum where it was loaded, canary logprobs from the engine), `WeightVerificationError`
+        when it does not hold what the trainer has."""
+        if not self.engine_holds_copy:
+            self.engine.update_weights(None, version=version)
+            return
+        publish_to_engine(self.engine, self.trainer.model, version, self.config.pipeline.canary_tolerance)
 
     def draw_tasks(self, step: int) -> list[Task]:
         """Batch `step`'s tasks from the mixer (more than `tasks_per_step` under dynamic sampling)."""
@@ -225,8 +238,8 @@ def distribution_metrics(episodes: list[Episode]) -> dict[str, float]:
 
 
 def step_metrics(groups: list[Group], drops: dict[str, int]) -> dict[str, Any]:
-    """Reward per domain, pass rate, kept fraction, lengths, drop reasons, and the length and
-    difficulty distributions of sampled vs trained samples."""
+    """Reward per domain, pass rate, kept fraction, lengths, drop reasons, the tamper and
+    infra-error rates, and the length and difficulty distributions of sampled vs trained samples."""
     episodes = flatten(groups)
     by_domain: dict[str, list[float]] = defaultdict(list)
     for episode in episodes:
@@ -242,5 +255,9 @@ def step_metrics(groups: list[Group], drops: dict[str, int]) -> dict[str, Any]:
     metrics["mean_completion_length"] = metrics["completion_tokens"] / total
     for reason, count in drops.items():
         metrics[f"drop/{reason}"] = count
+    # The shares the guard watches (tamper and sandbox infra-error rates), of every sample made.
+    metrics["samples"] = len(episodes)
+    for outcome in (Outcome.TAMPERED, Outcome.INFRA_ERROR):
+        metrics[f"rate/{outcome.value}"] = sum(e.score is not None and e.score.outcome is outcome for e in episodes) / total
     metrics.update(distribution_metrics(episodes))
     return metrics

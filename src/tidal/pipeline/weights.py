@@ -16,23 +16,28 @@ after `pipeline.weight_timeout_s` instead of hanging.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from tidal.errors import WeightTimeoutError, WeightVerificationError
-from tidal.rollout.engine import EmbeddedEngine
+from tidal.rollout.checksum import state_checksum
+from tidal.rollout.protocol import UNLOADED, LoadsWeights, RolloutEngine
 from tidal.trainer.logprobs import token_logprobs
 from tidal.trainer.lora import adapter_state_dict, has_adapter, merged_state_dict
+
+__all__ = [  # state_checksum and UNLOADED live in rollout/ (the server verifies with them too)
+    "CANARY_TEXT", "UNLOADED", "Publication", "WeightChannel", "canary_ids", "canary_logprobs", "check_canary",
+    "load_verified", "publish", "state_checksum", "weight_target",
+]
 
 # A fixed canary: plain words every tokenizer splits into several tokens. Its logprobs depend on
 # every layer, so a weight that did not arrive shows in them.
 CANARY_TEXT = "Canary check: the quick brown fox jumps over the lazy dog, 12 + 35 = 47."
-UNLOADED = -1  # the weight version of a rollout engine that has loaded no publication yet
 
 
 def canary_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -55,19 +60,6 @@ def canary_logprobs(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     finally:
         model.train(was_training)
     return logprobs[0, 1:].float().cpu()  # (T-1,)
-
-
-def state_checksum(state: dict[str, torch.Tensor]) -> str:
-    """SHA-256 (hex) over the tensors of `state` in name order: each name, dtype, shape and the
-    tensor's bytes. Two states have the same checksum only if they hold the same bytes."""
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        tensor = state[name].detach()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        flat = tensor.contiguous().reshape(-1)
-        if flat.numel():
-            digest.update(flat.cpu().view(torch.uint8).numpy())  # hashed in place, not copied to bytes
-    return digest.hexdigest()
 
 
 @dataclass
@@ -104,37 +96,62 @@ def publish(model: torch.nn.Module, version: int, ids: list[int], adapter_only: 
     return Publication(version, state_checksum(state), list(ids), canary_logprobs(model, ids).tolist(), state)
 
 
-def load_verified(engine: EmbeddedEngine, publication: Publication, tolerance: float) -> None:
+class EmbeddedWeights:
+    """`LoadsWeights` for an embedded engine (rollout/engine.py), which does not implement it
+    itself yet: loads through its `update_weights` and checks its model's tensors and canary."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int, checksum: str) -> None:
+        engine = self.engine
+        engine.weight_version = UNLOADED  # until verified
+        engine.update_weights(state, version=UNLOADED)
+        own = engine.model.state_dict()
+        loaded = state_checksum({name: own[name] for name in state})
+        if loaded != checksum:
+            differing = [
+                name for name, tensor in state.items() if state_checksum({name: own[name]}) != state_checksum({name: tensor})
+            ]
+            where = f"tensor(s) differing from the sent ones: {differing[:3]}" if differing else (
+                "the sent tensors themselves do not match the published checksum (changed after publication)"
+            )
+            raise WeightVerificationError(
+                f"weight version {version}: checksum mismatch (loaded {loaded[:12]}, published "
+                f"{checksum[:12]}); {where}. Refusing to generate with these weights"
+            )
+        engine.weight_version = version
+
+    def sequence_logprobs(self, ids: list[int]) -> list[float]:
+        return canary_logprobs(self.engine.model, ids).tolist()
+
+
+def weight_target(engine: RolloutEngine) -> LoadsWeights:
+    """How publications reach `engine`: itself when it implements `LoadsWeights` (the HTTP
+    engine), else through its model in this process (`EmbeddedWeights`)."""
+    return engine if isinstance(engine, LoadsWeights) else EmbeddedWeights(engine)
+
+
+def load_verified(engine: RolloutEngine, publication: Publication, tolerance: float) -> None:
     """Load `publication` into `engine`, then check what the engine now holds: the checksum of its
-    tensors and the canary's logprobs under its model. On a mismatch the engine is left marked
-    `UNLOADED` (it must not generate) and `WeightVerificationError` says what differed."""
+    tensors (checked where they were loaded: in this process, or by the server of an HTTP engine)
+    and the canary's logprobs under its model. On a mismatch the engine is left marked `UNLOADED`
+    (it must not generate) and `WeightVerificationError` says what differed."""
     if publication.state is None:
         raise ValueError(f"weight version {publication.version}: a header without tensors cannot be loaded")
     engine.weight_version = UNLOADED  # until verified
-    engine.update_weights(publication.state, version=UNLOADED)
-    own = engine.model.state_dict()
-    loaded = state_checksum({name: own[name] for name in publication.state})
-    if loaded != publication.checksum:
-        differing = [
-            name for name, tensor in publication.state.items()
-            if state_checksum({name: own[name]}) != state_checksum({name: tensor})
-        ]
-        where = f"tensor(s) differing from the sent ones: {differing[:3]}" if differing else (
-            "the sent tensors themselves do not match the published checksum (changed after publication)"
-        )
-        raise WeightVerificationError(
-            f"weight version {publication.version}: checksum mismatch (loaded {loaded[:12]}, published "
-            f"{publication.checksum[:12]}); {where}. Refusing to generate with these weights"
-        )
+    weight_target(engine).load_weights(publication.state, publication.version, publication.checksum)
+    engine.weight_version = UNLOADED  # the checksum is right; the canary decides
     check_canary(engine, publication, tolerance)
     engine.weight_version = publication.version
 
 
-def check_canary(engine: EmbeddedEngine, publication: Publication, tolerance: float) -> None:
+def check_canary(engine: RolloutEngine, publication: Publication, tolerance: float) -> None:
     """Raise `WeightVerificationError` unless `engine`'s model gives the canary logprobs that
     `publication` (a header is enough) carries, within `tolerance`. After a load it verifies the
-    load; later, a health check that the weights in memory are still the ones verified."""
-    got = canary_logprobs(engine.model, publication.canary_ids)
+    load; later, a health check that the weights in memory are still the ones verified. For an
+    HTTP engine the logprobs are the server's (its prompt logprobs of the canary)."""
+    got = torch.tensor(weight_target(engine).sequence_logprobs(publication.canary_ids), dtype=torch.float32)
     expected = torch.tensor(publication.canary, dtype=torch.float32)
     difference = float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
     if not difference <= tolerance:  # also catches NaN
@@ -143,6 +160,16 @@ def check_canary(engine: EmbeddedEngine, publication: Publication, tolerance: fl
             f"{difference:.3g} (pipeline.canary_tolerance={tolerance:g}); the loaded model does not "
             "compute what the trainer's does. Refusing to generate with these weights"
         )
+
+
+def publish_to_engine(engine: RolloutEngine, model: torch.nn.Module, version: int, tolerance: float) -> Publication:
+    """Publish `model`'s weights as `version` straight into `engine` (one that holds its own copy,
+    e.g. an HTTP server) and verify them there: the loop's publication when it has no weight
+    channel (`pipeline.mode: sync`). A LoRA model publishes its merged weights (the server holds a
+    plain model). Returns the publication's header."""
+    publication = publish(model, version, canary_ids(engine.tokenizer))
+    load_verified(engine, publication, tolerance)
+    return publication.header()
 
 
 class WeightChannel:

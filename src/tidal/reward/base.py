@@ -146,7 +146,7 @@ def check_answer(answer: str) -> Score | None:
     if "\0" in answer:
         return failed("answer contains NUL bytes")
     if not answer.strip():
-        return failed("empty answer")
+        return format_failed("empty answer")
     return None
 
 
@@ -154,6 +154,18 @@ def failed(detail: str, **components: float) -> Score:
     return Score(0.0, Outcome.FAILED, dict(components), detail)
 
 
+FORMAT_ERROR = "format_error"  # Score.info key: the answer is not in the form the task asks for
+TASK_PROBLEM = "task_problem"  # Score.info key: the task itself cannot be judged
+
+
+def format_failed(detail: str, **components: float) -> Score:
+    """A failed `Score` for an answer that holds nothing to judge in the task's format (no final
+    answer, no code block): a model failure that evaluation reports as `format_error`."""
+    return Score(0.0, Outcome.FAILED, dict(components), detail, {FORMAT_ERROR: True})
+
+
 def task_problem(task: Task, detail: str) -> Score:
-    """A task whose verifier arguments are wrong: not the answer's fault, so never a training 0."""
-    return Score(0.0, Outcome.INFRA_ERROR, {}, f"task {task.id}: verifier {task.verifier.name}: {detail}")
+    """A task whose verifier arguments are wrong: not the answer's fault, so never a training 0
+    (evaluation reports it as `verifier_error`, apart from the model's outcomes)."""
+    return Score(0.0, Outcome.INFRA_ERROR, {}, f"task {task.id}: verifier {task.verifier.name}: {detail}",
+                 {TASK_PROBLEM: True})

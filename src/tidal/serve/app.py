@@ -1,5 +1,6 @@
 """The HTTP application (Starlette, served by uvicorn): OpenAI's `/v1/models`, `/v1/chat/completions`
-and `/v1/completions`, plus `/metrics` and `/health`.
+and `/v1/completions`, plus `/metrics`, `/health` and the weight reload endpoint `/v1/weights`
+(serve/weights.py).
 
 Handlers run on the event loop and only validate, tokenize and format; generation happens on the
 batcher's worker thread, which hands tokens and results back with `loop.call_soon_threadsafe`.
@@ -44,6 +45,7 @@ from tidal.serve.responses import (
     usage,
 )
 from tidal.serve.schemas import ApiError, ChatRequest, CompletionRequest, ServeLimits, parse_request
+from tidal.serve.weights import GuardedEngine, WeightUpdates, prompt_logprobs, reload_weights, require_verified
 from tidal.types import Completion
 
 logger = logging.getLogger(__name__)
@@ -59,9 +61,12 @@ class ServerState:
     api_key: str | None = None
     metrics: ServeMetrics = field(default_factory=ServeMetrics)
     created: int = field(default_factory=now)
+    weights: WeightUpdates = field(default_factory=WeightUpdates)  # the reload endpoint's settings and lock
 
     def __post_init__(self) -> None:
-        self.batcher = Batcher(self.engine, self.limits.max_batch, self.limits.max_queue, self.metrics)
+        # The batcher's engine calls take the reload lock: weights never change during a generation.
+        guarded = GuardedEngine(self.engine, self.weights.lock)
+        self.batcher = Batcher(guarded, self.limits.max_batch, self.limits.max_queue, self.metrics)  # type: ignore[arg-type]
         # The handlers' own tokenizer: a Rust tokenizer used from two threads at once can fail with
         # "Already borrowed", and the worker thread uses the engine's.
         self.tokenizer = copy.deepcopy(self.engine.tokenizer)
@@ -86,6 +91,9 @@ class Prepared:
     stream: bool
     include_usage: bool
     tools: list[str] | None  # offered tool names: parse tool calls when set
+    token_ids: bool = False  # completions: each choice's token ids (logprobs then cover a final eos too)
+    tokens_as_ids: bool = False  # completions: logprobs tokens as 'token_id:<id>'
+    prompt_logprobs: int | None = None  # completions: the prompt's logprobs, with this many alternatives
 
 
 # ------------------------------------------------------------------------ request preparation
@@ -203,7 +211,10 @@ def _completion_prepared(state: ServerState, request: CompletionRequest) -> Prep
         if any(not 0 <= token < len(tokenizer) for token in ids):
             raise ApiError(400, f"prompt {index} holds token ids outside [0, {len(tokenizer)})", param="prompt")
         prompts.append(ids)
-    return _prepare(state, "completion", request, prompts, request.max_tokens, request.logprobs or 0, None)
+    prepared = _prepare(state, "completion", request, prompts, request.max_tokens, request.logprobs or 0, None)
+    prepared.token_ids, prepared.tokens_as_ids = request.return_token_ids, request.return_tokens_as_token_ids
+    prepared.prompt_logprobs = request.prompt_logprobs
+    return prepared
 
 
 # ------------------------------------------------------------------------ running a job
@@ -286,8 +297,12 @@ def _choices(state: ServerState, prepared: Prepared, result: JobResult) -> list[
                     choice["tool_call_error"] = parsed.error  # not in OpenAI's schema; clients ignore it
             else:
                 choice["text"] = completion.text
-                choice["logprobs"] = completion_logprobs(completion, top, state.tokens, eos) if prepared.logprobs else None
+                kept_eos = [] if prepared.token_ids else eos  # with token ids, the logprobs cover every id
+                choice["logprobs"] = (completion_logprobs(completion, top, state.tokens, kept_eos, prepared.tokens_as_ids)
+                                      if prepared.logprobs else None)
                 choice["finish_reason"] = completion.finish_reason
+                if prepared.token_ids:
+                    choice["token_ids"], choice["prompt_token_ids"] = completion.token_ids, completion.prompt_ids
             choices.append(choice)
     return choices
 
@@ -303,7 +318,18 @@ async def _answer(state: ServerState, prepared: Prepared) -> Response:
         return _stream(state, prepared, response_id, created)
     result = await _run(state, prepared)
     counts = _count_tokens(state, prepared, result)
-    return JSONResponse(_body(state, prepared, response_id, created, _choices(state, prepared, result), usage=usage(*counts)))
+    choices = _choices(state, prepared, result)
+    extra: dict[str, Any] = {"usage": usage(*counts)}
+    if prepared.kind == "completion":  # which weights made it (the HTTP rollout engine tags completions with it)
+        extra["weight_version"] = result.completions[0][0].weight_version
+    if prepared.prompt_logprobs is not None:
+        entries, version = await asyncio.to_thread(
+            prompt_logprobs, state.engine, state.weights.lock, prepared.prompts, prepared.prompt_logprobs)
+        if version != extra["weight_version"]:
+            raise ApiError(503, "the weights were reloaded during this request; retry", type="server_error", code="weights_changed")
+        for choice in choices:
+            choice["prompt_logprobs"] = entries[choice["index"] // prepared.n]
+    return JSONResponse(_body(state, prepared, response_id, created, choices, **extra))
 
 
 # ------------------------------------------------------------------------ streaming
@@ -466,12 +492,19 @@ def create_app(state: ServerState) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         parsed = parse_request(ChatRequest, await read_json(request, state.limits.max_body_bytes))
         _check_model(state, parsed.model)
+        require_verified(state.engine)
         return await _answer(state, _chat_prepared(state, parsed))
 
     async def completions(request: Request) -> Response:
         parsed = parse_request(CompletionRequest, await read_json(request, state.limits.max_body_bytes))
         _check_model(state, parsed.model)
+        require_verified(state.engine)
         return await _answer(state, _completion_prepared(state, parsed))
+
+    async def weights(request: Request) -> Response:
+        if request.method == "GET":
+            return JSONResponse(state.weights.describe(state.engine))
+        return await reload_weights(state.weights, state.engine, request)
 
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE)
@@ -490,6 +523,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/models/{model:path}", endpoint("/v1/models/{model}", model), methods=["GET"]),
         Route("/v1/chat/completions", endpoint("/v1/chat/completions", chat_completions), methods=["POST"]),
         Route("/v1/completions", endpoint("/v1/completions", completions), methods=["POST"]),
+        Route("/v1/weights", endpoint("/v1/weights", weights), methods=["GET", "POST"]),
         Route("/metrics", endpoint("/metrics", metrics, auth=False), methods=["GET"]),
         Route("/health", endpoint("/health", health, auth=False), methods=["GET"]),
     ]

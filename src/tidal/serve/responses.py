@@ -96,11 +96,13 @@ def chat_logprobs(
 
 
 def completion_logprobs(
-    completion: Completion, top: list[list[tuple[int, float]]] | None, tokens: TokenText, eos_ids: list[int]
+    completion: Completion, top: list[list[tuple[int, float]]] | None, tokens: TokenText, eos_ids: list[int],
+    as_ids: bool = False,
 ) -> dict[str, Any]:
-    """`choice.logprobs` of a legacy text completion: parallel lists of tokens and logprobs."""
+    """`choice.logprobs` of a legacy text completion: parallel lists of tokens and logprobs (with
+    `as_ids`, each token written 'token_id:<id>', vLLM's `return_tokens_as_token_ids`)."""
     ids, logprobs = kept_tokens(completion, eos_ids)
-    texts = [tokens.text(token_id) for token_id in ids]
+    texts = [f"token_id:{token_id}" if as_ids else tokens.text(token_id) for token_id in ids]
     offsets, offset = [], 0
     for text in texts:
         offsets.append(offset)

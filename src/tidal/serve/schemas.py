@@ -120,6 +120,12 @@ class ChatRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=5)
+    # vLLM's extensions, for token-in/token-out clients (the HTTP rollout engine): each choice's
+    # `token_ids` and `prompt_token_ids`, with logprobs covering every id in `token_ids` (a final
+    # eos too); tokens in the logprobs as 'token_id:<id>'; logprobs of the prompt's tokens.
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)
@@ -168,3 +174,6 @@ def neutral_only(request: _Sampling) -> None:
             raise ApiError(400, "suffix is not supported by this server", param="suffix")
         if request.best_of not in (None, request.n):
             raise ApiError(400, "best_of is not supported (only best_of == n)", param="best_of")
+        if request.stream and (request.return_token_ids or request.prompt_logprobs is not None):
+            param = "return_token_ids" if request.return_token_ids else "prompt_logprobs"
+            raise ApiError(400, f"{param} is not supported with stream: true on this server", param=param)

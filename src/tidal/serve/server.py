@@ -16,6 +16,7 @@ from tidal.models import load_model
 from tidal.rollout import EmbeddedEngine
 from tidal.serve.app import ServerState, create_app
 from tidal.serve.schemas import ServeLimits
+from tidal.serve.weights import WeightUpdates
 
 
 def build_state(
@@ -25,15 +26,19 @@ def build_state(
     device: str = "auto",
     seed: int = 0,
     model_id: str | None = None,
+    allow_weight_updates: bool = False,
+    weights_dir: str | Path | None = None,
 ) -> ServerState:
     """Load `model` ('tiny': the built-in model, freshly initialised from `seed`; else a local
-    Hugging Face folder) and start its batcher. The served model id is 'tiny' or the folder's name."""
+    Hugging Face folder) and start its batcher. The served model id is 'tiny' or the folder's name.
+    `allow_weight_updates` opens POST /v1/weights (uploads, and paths under `weights_dir`)."""
     limits = limits or ServeLimits()
     loaded = load_model(ModelConfig(path=model, device=device, seed=seed))  # type: ignore[arg-type]
     loaded.model.eval()
     engine = EmbeddedEngine(loaded.model, loaded.tokenizer, max_batch_rows=limits.max_batch)
     name = model_id or ("tiny" if model == "tiny" else Path(model).expanduser().resolve().name)
-    return ServerState(engine=engine, model_id=name, limits=limits, api_key=api_key)
+    updates = WeightUpdates(allowed=allow_weight_updates, weights_dir=Path(weights_dir) if weights_dir else None)
+    return ServerState(engine=engine, model_id=name, limits=limits, api_key=api_key, weights=updates)
 
 
 def _config(state: ServerState, max_connections: int, log_level: str, **kwargs: object) -> uvicorn.Config:

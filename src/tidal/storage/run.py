@@ -23,7 +23,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -120,6 +120,8 @@ class RunFolder:
     def __init__(self, path: Path) -> None:
         # Use `create` or `open`; the constructor trusts that `path` is a run folder.
         self.path = Path(path)
+        # Called with every metrics row once it is on disk (the telemetry sinks, telemetry/sinks.py).
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
 
     # -- construction --------------------------------------------------------------------------
 
@@ -231,6 +233,8 @@ class RunFolder:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
+        for listener in self.listeners:
+            listener(row)
 
     def append_jsonl(self, name: str, row: dict[str, Any]) -> None:
         """Append one JSON row to `name` in the run folder (alarms, weight changes) and fsync it."""

@@ -203,10 +203,9 @@ def is_adapter_folder(folder: Path) -> bool:
     return (folder / ADAPTER_WEIGHTS).is_file()
 
 
-def load_adapter(model: torch.nn.Module, folder: Path) -> None:
-    """Copy the adapter saved in `folder` (`save_adapter`) into `model`'s adapter, in place (the
-    optimizer keeps pointing at the same parameters). CheckpointError when it does not fit."""
-    from peft import set_peft_model_state_dict
+def read_adapter(model: torch.nn.Module, folder: Path) -> dict[str, Tensor]:
+    """The adapter saved in `folder` (`save_adapter`) under `model`'s own state-dict names (those of
+    `adapter_state_dict`), checked to fit `model`'s adapter. CheckpointError when it does not."""
     from safetensors.torch import load_file
 
     path = folder / ADAPTER_WEIGHTS
@@ -221,15 +220,26 @@ def load_adapter(model: torch.nn.Module, folder: Path) -> None:
     if (saved.get("r"), saved.get("lora_alpha")) != (own.r, own.lora_alpha):
         raise CheckpointError(f"{folder}: adapter of r={saved.get('r')}, alpha={saved.get('lora_alpha')}; the model's "
                               f"is r={own.r}, alpha={own.lora_alpha} (trainer.lora changed since the checkpoint?)")
-    try:
-        result = set_peft_model_state_dict(model, state, adapter_name=ADAPTER)
-    except RuntimeError as error:
-        raise CheckpointError(f"{path}: the adapter does not fit the model ({error})") from error
-    prefixes = _adapter_prefixes(lora_layers(model))
-    missing = [key for key in result.missing_keys if key.startswith(prefixes)]
-    if missing or result.unexpected_keys:
+    # peft saves each tensor under its name without the adapter's (`lora_A.default.weight` -> `lora_A.weight`).
+    names = {key.replace(f".{ADAPTER}", "", 1): key for key in adapter_state_dict(model)}
+    missing, unexpected = sorted(set(names) - set(state)), sorted(set(state) - set(names))
+    if missing or unexpected:
         raise CheckpointError(f"{path}: the adapter does not fit the model (missing {missing[:3]}, "
-                              f"unexpected {list(result.unexpected_keys)[:3]}; trainer.lora.target_modules changed?)")
+                              f"unexpected {unexpected[:3]}; trainer.lora.target_modules changed?)")
+    return {names[key]: tensor for key, tensor in state.items()}
+
+
+def load_adapter(model: torch.nn.Module, folder: Path) -> None:
+    """Copy the adapter saved in `folder` into `model`'s adapter, in place (the optimizer keeps
+    pointing at the same parameters). CheckpointError when it does not fit."""
+    weights = read_adapter(model, folder)
+    own = model.state_dict()
+    try:
+        with torch.no_grad():
+            for key, tensor in weights.items():
+                own[key].copy_(tensor)
+    except RuntimeError as error:
+        raise CheckpointError(f"{folder / ADAPTER_WEIGHTS}: the adapter does not fit the model ({error})") from error
 
 
 class AdapterMerge:

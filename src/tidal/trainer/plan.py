@@ -80,6 +80,7 @@ from tidal.trainer.precision import choose_precision_for, widest_linear
 
 MIB, GIB = 1 << 20, 1 << 30
 RUNTIME_BYTES = 560 * MIB
+PEFT_BYTES = 104 * MIB  # measured: the resident set `import peft` adds (a LoRA run imports it)
 CUDA_CONTEXT_BYTES = 512 * MIB  # assumed: the CUDA context and kernels of torch; not measured here
 FSDP_GATHERED_LAYERS = 2
 SAMPLING_COPIES = 4  # logits, softmax, the top-p sort and its cumulative sum
@@ -443,6 +444,9 @@ def plan_run(cfg: TidalConfig, shape: ModelShape, workload: Workload, device: to
     critic = needs_critic(cfg.algorithm.advantage)
     parts = [Part("runtime (torch + process)", RUNTIME_BYTES, RUNTIME_BYTES, ALL, host=True,
                   note="measured: the smoke run's peak resident set")]
+    if trainer.lora.enabled:
+        parts.append(Part("peft (imported for LoRA)", PEFT_BYTES, PEFT_BYTES, ALL, host=True,
+                          note="measured: what `import peft` adds to the resident set"))
     if device.type == "cuda":
         parts.append(Part("CUDA context", CUDA_CONTEXT_BYTES, CUDA_CONTEXT_BYTES, ALL, note="assumed, not measured"))
     state = _state_parts(cfg, shape, adapter)

@@ -2,9 +2,10 @@
 fresh process (`python -m tidal.trainer.plan_measure SPEC`), and what they reached.
 
 The child imports torch and the trainer, notes its resident set, then loads the model (real
-weights), builds the `Trainer` of the config (micro-batch, precision, checkpointing, chunked head,
-reference model) and runs `steps` updates on a batch of the shape the planner assumes: every row
-its longest prompt + max_new_tokens, `group_size` rows sharing each prompt. It reports, on a CPU,
+weights), builds the trainer of the config (micro-batch, precision, checkpointing, chunked head,
+reference model or LoRA adapter; `trainer.parallel` ranks, meant for world size 1) and runs
+`steps` updates on a batch of the shape the planner assumes: every row its longest prompt +
+max_new_tokens, `group_size` rows sharing each prompt. It reports, on a CPU,
 the peak resident set (VmHWM) above the one before the model; on CUDA, torch's
 max_memory_allocated. That is what the planner's update phase predicts less its runtime parts:
 `predicted_growth`. bench/plan_memory.py and tests/unit/trainer/test_plan.py compare the two.
@@ -76,6 +77,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
     from tidal.config.schema import TidalConfig
     from tidal.models.io import load_model, resolve_device
+    from tidal.trainer.lora import apply_lora
+    from tidal.trainer.parallel.trainer import ParallelTrainer
     from tidal.trainer.trainer import Trainer
 
     cfg = TidalConfig.model_validate(spec["config"])
@@ -84,17 +87,25 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     before = 0 if cuda else _status("VmRSS")
     loaded = load_model(cfg.model, device)
     model = loaded.model
-    reference = copy.deepcopy(model).eval() if cfg.algorithm.kl_coef > 0 else None
-    trainer = Trainer(model, cfg.trainer, cfg.algorithm, device, total_steps=spec["steps"] + 1,
-                      temperature=max(cfg.rollout.temperature, 1e-3), ref_model=reference,
-                      max_tokens=cfg.rollout.max_new_tokens)
-    batch = _batch(spec, model.config.vocab_size)
-    began = time.perf_counter()
-    for _ in range(spec["steps"]):
-        trainer.rl_step(batch)
-    seconds = time.perf_counter() - began
-    peak = int(torch.cuda.max_memory_allocated(device)) if cuda else _status("VmHWM")
-    return {"before": before, "peak": peak, "micro_batch_size": trainer.micro_batch_size, "seconds": seconds}
+    if cfg.trainer.lora.enabled:  # the KL reference is then the base, the adapter off: no copy
+        apply_lora(model, cfg.trainer.lora, seed=0)
+    reference = copy.deepcopy(model).eval() if cfg.algorithm.kl_coef > 0 and not cfg.trainer.lora.enabled else None
+    common: dict[str, Any] = {"total_steps": spec["steps"] + 1, "temperature": max(cfg.rollout.temperature, 1e-3),
+                              "ref_model": reference, "max_tokens": cfg.rollout.max_new_tokens}
+    trainer: Any = (Trainer(model, cfg.trainer, cfg.algorithm, device, **common)
+                    if cfg.trainer.parallel.strategy == "none"
+                    else ParallelTrainer(model, cfg.trainer, cfg.algorithm, device, model_cfg=cfg.model, **common))
+    try:
+        batch = _batch(spec, model.config.vocab_size)
+        began = time.perf_counter()
+        for _ in range(spec["steps"]):
+            trainer.rl_step(batch)
+        seconds = time.perf_counter() - began
+        peak = int(torch.cuda.max_memory_allocated(device)) if cuda else _status("VmHWM")
+        return {"before": before, "peak": peak, "micro_batch_size": trainer.micro_batch_size, "seconds": seconds}
+    finally:
+        if isinstance(trainer, ParallelTrainer):
+            trainer.close()
 
 
 def measure(cfg: Any, prompt_tokens: int, steps: int = 2, timeout_s: float = 1800.0) -> Measurement:

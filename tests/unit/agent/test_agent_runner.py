@@ -74,7 +74,7 @@ def test_token_budget_ends_the_episode(bwrap: SandboxBackend) -> None:
     config.max_tokens = opening + 4000  # a scripted token is a character; the tools add ~1500
     result = run_episode(_task(), ScriptedPolicy(["x" * 400] * 10), bwrap, config)
     assert result.termination is Termination.TOKEN_LIMIT
-    assert result.outcome is AgentOutcome.STEP_LIMIT
+    assert result.outcome is AgentOutcome.CONTEXT_EXCEEDED
     assert 0 < len(result.steps) < 8
 
 

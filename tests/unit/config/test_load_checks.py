@@ -86,7 +86,6 @@ def test_impossible_trainer_ranks_fail_at_load(overrides: list[str], message: st
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["trainer.parallel.strategy=fsdp2", "trainer.parallel.world_size=2"], "trainer.lora with trainer.parallel.strategy 'fsdp2' is not supported"),
         (["algorithm.advantage=gae"], "trainer.lora with algorithm.advantage 'gae' is not supported"),
         (["trainer.lora.target_modules=[]"], "target_modules is empty"),
     ],
@@ -96,6 +95,7 @@ def test_lora_configs_that_cannot_work_fail_at_load(overrides: list[str], messag
         load_config(SMOKE, ["trainer.lora.enabled=true", *overrides])
     assert message in str(caught.value)
     load_config(SMOKE, ["trainer.lora.enabled=true", "trainer.lora.publish=adapter"])
+    load_config(SMOKE, ["trainer.lora.enabled=true", "trainer.parallel.strategy=fsdp2", "trainer.parallel.world_size=2"])
 
 
 def test_bad_engine_settings_fail_at_load_all_at_once() -> None:
@@ -105,3 +105,30 @@ def test_bad_engine_settings_fail_at_load_all_at_once() -> None:
     assert "rollout.kv_block_size" in message and "rollout.prefill_chunk" in message and "rollout.engine_dtype" in message
     config = load_config(SMOKE, ["rollout.kv_blocks=64", "rollout.prefix_cache=false", "rollout.engine_dtype=auto"])
     assert (config.rollout.kv_blocks, config.rollout.prefix_cache, config.rollout.engine_dtype) == (64, False, "auto")
+
+
+HTTP = ["rollout.engine=http", "rollout.http.base_url=http://gpu-node:8000/v1/", "rollout.http.model=policy"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rollout.engine=http"], "rollout.http is not set"),
+        ([*HTTP, "rollout.http.base_url=gpu-node:8000"], "is not an http(s) URL"),
+        ([*HTTP, "rollout.http.api_key_env=TIDAL_TEST_UNSET_KEY"], "TIDAL_TEST_UNSET_KEY is not set"),
+        ([*HTTP, "rollout.http.max_concurrency=0"], "max_concurrency"),
+        ([*HTTP, "rollout.http.weight_transfer=ftp"], "weight_transfer"),
+        ([*HTTP, "pipeline.mode=async"], "pipeline.mode=sync only"),
+        ([*HTTP, "merge.weight=0.5"], "merge.weight < 1"),
+    ],
+)
+def test_http_engine_configs_that_cannot_work_fail_at_load(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(SMOKE, overrides)
+    assert message in str(caught.value)
+
+
+def test_an_http_engine_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TIDAL_TEST_KEY", "secret")
+    config = load_config(SMOKE, [*HTTP, "rollout.http.api_key_env=TIDAL_TEST_KEY"])
+    assert config.rollout.http is not None and config.rollout.http.base_url == "http://gpu-node:8000/v1"

@@ -36,7 +36,10 @@ def test_summary_matches_hand_computed_values() -> None:
     s = summarize(RECORDS, epochs=3)
     assert s["outcomes"]["infra_error"] == 1 and s["verifier_errors"] == 1
     assert (s["scored"], s["passed"]) == (7, 4) and s["pass_rate"] == pytest.approx(4 / 7)
-    assert s["ci"][0] == pytest.approx(0.2504, abs=1e-3) and s["ci"][1] == pytest.approx(0.8416, abs=1e-3)
+    # Clustered by task: residuals y - p n of a, b, c are 9/7, -5/7, -4/7, so var = (122/49) / 7^2 and
+    # n_eff = p(1-p) / var = 588/122 = 4.82 (not 7 episodes); Wilson at p = 4/7, n = 4.82.
+    assert s["interval"]["clusters"] == 3 and s["design_effect"] == pytest.approx(7 / (588 / 122))
+    assert s["ci"][0] == pytest.approx(0.2087, abs=1e-3) and s["ci"][1] == pytest.approx(0.8708, abs=1e-3)
     # Per task: a 3/3, b 1/3, c 0/1 (its other epochs were not the model's). pass@1 = mean(1, 1/3, 0).
     assert s["pass_at_k"]["1"] == pytest.approx((1 + 1 / 3 + 0) / 3)
     assert s["pass_at_k"]["2"] == pytest.approx((1 + (1 - 1 / 3)) / 2)  # b: 1 - C(2,2)/C(3,2)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 
-from tidal.agent.sampling import is_multi_turn
 from tidal.config.schema import ModelConfig, TidalConfig, TinyModelConfig
 from tidal.models import load_model
 from tidal.pipeline import quickstart as qs
@@ -17,7 +16,7 @@ from tidal.pipeline.stages import Sampler
 from tidal.rollout import EmbeddedEngine
 from tidal.storage.run import RunFolder
 from tidal.trainer.logprobs import collate, token_logprobs
-from tidal.types import Outcome, Task
+from tidal.types import Outcome, Task, is_multi_turn
 
 TASK = Task(id="agent/t", domain="agent", prompt="Write hello into out.txt", verifier={"name": "python_tests"},
             tests={"test_out.py": "def test_out():\n    assert open('out.txt').read() == 'hello'\n"},

@@ -148,33 +148,51 @@ def test_world_size_one_is_a_group_of_one(one_process: dict[str, object]) -> Non
     _same(weights, one_process["weights"])
 
 
-def test_a_lora_adapter_trains_on_ddp_ranks_as_in_one_process(one_process: dict[str, object]) -> None:
+def _lora_run(strategy: str, world: int, batches: list[TrainBatch], save: Path | None = None,
+              resume: Path | None = None) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
+    """`_run` with a LoRA adapter: the KL reference is the model with its adapter off, on every
+    rank; asserts the base stayed frozen; returns the steps' metrics and the adapter."""
     from tidal.config.scale import LoraConfig
     from tidal.trainer.lora import adapter_state_dict, apply_lora
 
+    lora = LoraConfig(enabled=True, r=4, alpha=8.0)
+    model = _model()
+    apply_lora(model, lora, seed=0)
+    base = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k}
+    cfg = _cfg(strategy, world).model_copy(update={"lora": lora})
+    trainer: Trainer | ParallelTrainer
+    if strategy == "none":
+        trainer = Trainer(model, cfg, ALGO, "cpu", total_steps=10, temperature=0.9)
+    else:
+        trainer = ParallelTrainer(model, cfg, ALGO, "cpu", total_steps=10, model_cfg=MODEL, temperature=0.9)
+    try:
+        if resume is not None:
+            trainer.load(resume)
+        metrics = []
+        for index, batch in enumerate(batches):
+            metrics.append(trainer.rl_step(batch))
+            if save is not None and index == 1:
+                trainer.save(save, step=2)
+    finally:
+        _close(trainer)
+    assert all(torch.equal(v, base[k]) for k, v in model.state_dict().items() if k in base)  # base frozen
+    return metrics, {k: v.clone() for k, v in adapter_state_dict(model).items()}
+
+
+@pytest.mark.parametrize("ranked", ["ddp", "fsdp2"])
+def test_a_lora_adapter_trains_on_ranks_as_in_one_process_and_resumes_across_layouts(
+    one_process: dict[str, object], ranked: str, tmp_path: Path
+) -> None:
     batches = one_process["batches"]
     assert isinstance(batches, list)
-    lora = LoraConfig(enabled=True, r=4, alpha=8.0)
-    results = {}
-    for strategy, world in (("none", 1), ("ddp", 2)):
-        model = _model()
-        apply_lora(model, lora, seed=0)
-        base = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k}
-        cfg = _cfg(strategy, world).model_copy(update={"lora": lora})
-        trainer: Trainer | ParallelTrainer
-        if strategy == "none":  # the KL reference is the model with its adapter off, on every rank
-            trainer = Trainer(model, cfg, ALGO, "cpu", total_steps=10, temperature=0.9)
-        else:
-            trainer = ParallelTrainer(model, cfg, ALGO, "cpu", total_steps=10, model_cfg=MODEL, temperature=0.9)
-        try:
-            metrics = [trainer.rl_step(batch) for batch in batches]
-        finally:
-            _close(trainer)
-        assert all(torch.equal(v, base[k]) for k, v in model.state_dict().items() if k in base)  # base frozen
-        results[strategy] = (metrics, adapter_state_dict(model))
-    (one_metrics, one_adapter), (ddp_metrics, ddp_adapter) = results["none"], results["ddp"]
-    assert metrics[-1]["kl"] > 0
-    for want, have in zip(one_metrics, ddp_metrics):
+    one_metrics, one_adapter = _lora_run("none", 1, batches, save=tmp_path / "one")
+    ranked_metrics, ranked_adapter = _lora_run(ranked, 2, batches, save=tmp_path / "ranked")
+    assert one_metrics[-1]["kl"] > 0
+    for want, have in zip(one_metrics, ranked_metrics):
         for key in ("loss", "grad_norm", "kl"):
             assert have[key] == pytest.approx(want[key], rel=1e-7, abs=1e-12), key
-    _same(ddp_adapter, one_adapter)
+    _same(ranked_adapter, one_adapter)  # under FSDP2: gathered from the shards into rank 0's model
+    # The checkpoints hold the adapter alone; 2 ranks -> 1 process and 1 -> 2 resume the third step.
+    assert (tmp_path / "ranked" / "model" / "adapter_model.safetensors").is_file()
+    _same(_lora_run("none", 1, batches[2:], resume=tmp_path / "ranked")[1], one_adapter)
+    _same(_lora_run(ranked, 2, batches[2:], resume=tmp_path / "one")[1], one_adapter)

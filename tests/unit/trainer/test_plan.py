@@ -164,12 +164,14 @@ def test_step_time_counts_the_update_and_sampling_flops() -> None:
     assert plan_of("trainer.precision=fp32").throughput is None  # no rate: memory only
 
 
-def test_the_prediction_matches_the_measured_peak_of_real_updates() -> None:
-    """A fresh process loads the model and runs two updates of the plan's shape; its peak resident
-    set above the one before the model is within TOLERANCE of the planner's update phase (less
-    its runtime part)."""
+@pytest.mark.parametrize("extra", [[], ["trainer.lora.enabled=true", "trainer.parallel.strategy=fsdp2",
+                                          "trainer.parallel.world_size=1"]], ids=["full", "lora-fsdp2"])
+def test_the_prediction_matches_the_measured_peak_of_real_updates(extra: list[str]) -> None:
+    """A fresh process loads the model and runs two updates of the plan's shape (full fine-tuning
+    in one process; a LoRA adapter on one FSDP2 rank); its peak resident set above the one before
+    the model is within TOLERANCE of the planner's update phase (less its runtime part)."""
     overrides = [*MODEL, "warm_start.enabled=false", "rollout.max_new_tokens=48", "tasks.tasks_per_step=2",
-                 "rollout.group_size=8", "trainer.micro_batch_size=16", "trainer.precision=fp32"]
+                 "rollout.group_size=8", "trainer.micro_batch_size=16", "trainer.precision=fp32", *extra]
     cfg = load_config(SMOKE, overrides)
     workload = Workload(prompt_tokens=32, sequence_tokens=32 + 48, generation_rows=16)
     plan = plan_run(cfg, shape_of(meta_model(cfg.model).model), workload, CPU, ROOMY)

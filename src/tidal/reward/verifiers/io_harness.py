@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.errors import SandboxUnavailableError, TaskFormatError
-from tidal.reward.base import ScoringContext, check_answer, failed, task_problem
+from tidal.reward.base import ScoringContext, check_answer, failed, format_failed, task_problem
 from tidal.reward.verifiers.python_tests import FENCE, Report
 from tidal.sandbox.base import SandboxResult
 from tidal.types import Outcome, Score, Task
@@ -158,13 +158,13 @@ def extract_program(answer: str, language: str | None, require_fence: bool) -> t
     if chosen:
         code = chosen[-1]
     elif blocks:
-        return failed(f"the answer has no {language} code block (fences: {', '.join(f or 'plain' for f, _ in blocks[:5])})")
+        return format_failed(f"the answer has no {language} code block (fences: {', '.join(f or 'plain' for f, _ in blocks[:5])})")
     elif require_fence:
-        return failed("the answer holds no fenced code block")
+        return format_failed("the answer holds no fenced code block")
     else:
         code = answer
     if not code.strip():
-        return failed("the answer's code block is empty")
+        return format_failed("the answer's code block is empty")
     return language, code
 
 

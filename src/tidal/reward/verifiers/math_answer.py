@@ -17,7 +17,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from tidal.reward.base import ScoringContext, check_answer, failed, task_problem, verifier
+from tidal.reward.base import ScoringContext, check_answer, failed, format_failed, task_problem, verifier
 from tidal.types import Outcome, Score, Task
 
 MAX_EXPRESSION_CHARS = 200
@@ -316,7 +316,7 @@ def math_answer(task: Task, answer: str, ctx: ScoringContext) -> Score:
         return task_problem(task, "needs an `answer` argument (a number or an expression)")
     final = extract_answer(answer)
     if final is None:
-        return failed("no final answer found (no \\boxed{}, 'answer is', or number)", correct=0.0)
+        return format_failed("no final answer found (no \\boxed{}, 'answer is', or number)", correct=0.0)
     if len(final) > MAX_EXPRESSION_CHARS * 4:
         return failed(f"final answer is {len(final)} characters long", correct=0.0)
     if equivalent(str(expected), final):

@@ -34,6 +34,7 @@ from tidal.reward.base import (
     ScoringContext,
     check_answer,
     failed,
+    format_failed,
     task_problem,
     verifier,
 )
@@ -511,7 +512,7 @@ def prepare(task: Task, answer: str) -> Prepared | Score:
         return task_problem(task, f"a test file is named like the entrypoint {entrypoint}")
     code = extract_code(answer)
     if not code.strip():
-        return failed("the answer holds no code", tests=0.0)
+        return format_failed("the answer holds no code", tests=0.0)
     plan = _plan(task, entrypoint, requested)
     if isinstance(plan, Score):
         return plan

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from tidal.trainer.checkpoint import read_weights
+from tidal.trainer.lora import is_adapter_folder, read_adapter
 from tidal.trainer.parallel.state import (
     full_weights,
     load_weights,
@@ -50,8 +51,12 @@ def run_command(trainer: Trainer, name: str, args: dict[str, Any], full_model: t
 
 
 def _weights_reader(trainer: Trainer) -> Any:
+    """Loads a checkpoint's full weights, or its LoRA adapter alone, into this rank's shards."""
     def read(model_dir: Path) -> None:
-        load_weights(trainer.model, read_weights(model_dir))
+        if is_adapter_folder(model_dir):
+            load_weights(trainer.model, read_adapter(trainer.model, model_dir), partial=True)
+        else:
+            load_weights(trainer.model, read_weights(model_dir))
 
     return read
 

@@ -84,8 +84,9 @@ def by_name(state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Full `weights` (names as saved: tied weights once) into `model`, sharded or not."""
+def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], partial: bool = False) -> None:
+    """Full `weights` (names as saved: tied weights once) into `model`, sharded or not; with
+    `partial`, only those tensors (a LoRA adapter's), each of which the model must have."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
@@ -96,10 +97,10 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> No
     for name, source in tied_names(model).items():
         if name not in weights and source in weights:
             weights[name] = weights[source]
-    missing, unexpected = sorted(own - set(weights)), sorted(set(weights) - own)
+    missing, unexpected = [] if partial else sorted(own - set(weights)), sorted(set(weights) - own)
     if missing or unexpected:
         raise CheckpointError(f"the weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=not partial))
 
 
 def tied_names(model: torch.nn.Module) -> dict[str, str]:
