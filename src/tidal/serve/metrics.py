@@ -24,10 +24,10 @@ class ServeMetrics:
         self.completion_tokens = Counter("tidal_serve_completion_tokens", "tokens generated for answered requests", registry=r)
         self.queue_depth = Gauge("tidal_serve_queue_depth", "requests waiting for the engine", registry=r)
         self.batch_rows = Histogram(
-            "tidal_serve_batch_rows", "rows (prompts x n) per engine call", buckets=_ROW_BUCKETS, registry=r
+            "tidal_serve_batch_rows", "rows (prompts x n) of the requests moved into the running batch together", buckets=_ROW_BUCKETS, registry=r
         )
         self.batch_requests = Histogram(
-            "tidal_serve_batch_requests", "requests served by one engine call", buckets=_ROW_BUCKETS, registry=r
+            "tidal_serve_batch_requests", "requests moved into the running batch together", buckets=_ROW_BUCKETS, registry=r
         )
         self.latency = Histogram(
             "tidal_serve_request_latency_seconds",
