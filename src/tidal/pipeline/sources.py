@@ -22,7 +22,7 @@ from tidal.pipeline.stages import (
     score_groups,
     store_groups,
 )
-from tidal.rollout.protocol import ReportsStats
+from tidal.rollout.protocol import ReportsMetrics
 from tidal.storage.store import TrajectoryStore
 
 
@@ -77,7 +77,7 @@ class InlineSource:
 
     def report(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         engine = self.parts.engine
-        return {**self.scoring.metrics(), **(engine.stats() if isinstance(engine, ReportsStats) else {})}
+        return {**self.scoring.metrics(), **(engine.run_metrics() if isinstance(engine, ReportsMetrics) else {})}
 
     def hold(self, priority: int, name: str) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()  # nothing runs beside the caller

@@ -158,6 +158,17 @@ class EmbeddedEngine:
         """Prompt tokens, cached/forked/recomputed tokens, preemptions and hit rates since the start."""
         return self.pool.stats
 
+    def run_metrics(self) -> dict[str, float]:
+        """The prefix-cache and preemption counts as `engine/...` columns of the run's metrics rows."""
+        stats = self.pool.stats
+        return {
+            "engine/prompt_tokens": stats.prompt_tokens,
+            "engine/prefix_hit_rate": stats.prefix_hit_rate,
+            "engine/reuse_rate": stats.hit_rate,
+            "engine/recomputed_tokens": stats.recomputed_tokens,
+            "engine/preemptions": stats.preemptions,
+        }
+
     # ---------------------------------------------------------------- weights
 
     def update_weights(self, state_dict: dict[str, Tensor] | None, version: int) -> None:

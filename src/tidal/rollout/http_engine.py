@@ -174,7 +174,7 @@ class HttpEngine:
 
     # ---------------------------------------------------------------- stats and shutdown
 
-    def stats(self) -> dict[str, int]:
+    def run_metrics(self) -> dict[str, float]:
         """Requests sent, retries made and requests failed so far (`http/...` in the run's metrics)."""
         with self._lock:
             return {f"http/{name}": count for name, count in self._stats.items()}

@@ -61,7 +61,8 @@ class LoadsWeights(Protocol):
 
 
 @runtime_checkable
-class ReportsStats(Protocol):
-    """An engine with counters of its own for the run's metrics rows (the HTTP engine's requests)."""
+class ReportsMetrics(Protocol):
+    """An engine with counters of its own for the run's metrics rows: the paged engine's prefix
+    cache and preemptions, the speculative engine's acceptance, the HTTP engine's requests."""
 
-    def stats(self) -> dict[str, int]: ...
+    def run_metrics(self) -> dict[str, float]: ...

@@ -30,6 +30,11 @@ class SpeculativeEngine:
         flat = [i for v in ids for i in (v if isinstance(v, (list, tuple)) else [v]) if i is not None]
         self.eos_ids = sorted({int(i) for i in flat})
 
+    def run_metrics(self) -> dict[str, float]:
+        """Drafting counts as `spec/...` columns of the run's metrics rows."""
+        return {"spec/drafted": self.stats.drafted, "spec/acceptance_rate": self.stats.acceptance_rate,
+                "spec/tokens_per_pass": self.stats.tokens_per_pass}
+
     def update_weights(self, state_dict: dict[str, Tensor] | None, version: int) -> None:
         """Copy `state_dict` into the target model (None: it is shared with the trainer), set `version`."""
         if state_dict is not None:

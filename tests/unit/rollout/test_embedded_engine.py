@@ -78,6 +78,7 @@ def test_each_prompt_is_prefilled_once(tiny: LoadedModel, prompts: list[list[int
     assert engine.stats.prompt_tokens == 8 * total
     assert engine.stats.forked_tokens == 7 * total, "one prefill per group: the other 7 samples fork from it"
     assert engine.stats.hit_rate == pytest.approx(7 / 8)
+    assert engine.run_metrics()["engine/reuse_rate"] == pytest.approx(7 / 8)  # the run's metrics rows
 
 
 @pytest.mark.parametrize("kv_cache", ["auto", "flat"])

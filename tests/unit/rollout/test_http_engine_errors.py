@@ -150,7 +150,7 @@ def test_5xx_is_retried_then_raised(fake: Callable[[Answer], _Fake]) -> None:
     flaky = fake(lambda body, call: (503, {"error": {"message": "busy"}}) if call < 3 else (200, {"choices": [_choice()]}))
     engine = flaky.engine()
     assert engine.generate([[1]], 1, SamplingParams(max_new_tokens=3))[0][0].token_ids == [5, 6, 2]
-    assert engine.stats() == {"http/requests": 3, "http/retries": 2, "http/failures": 0}
+    assert engine.run_metrics() == {"http/requests": 3, "http/retries": 2, "http/failures": 0}
     down = fake(lambda body, call: (500, {"error": {"message": "boom"}})).engine()
     with pytest.raises(EngineUnavailableError, match="500: boom after 3 attempt"):
         down.generate([[1]], 1, SamplingParams(max_new_tokens=3))
