@@ -13,4 +13,5 @@ fi
 .venv/bin/python -m pip install -q torch==2.13.0
 # The `ray` extra: the async loop's Ray backend, which the tests run on a local Ray cluster.
 # The `telemetry` extra: the W&B and MLflow sinks, whose offline and file modes the tests run.
-.venv/bin/python -m pip install -q -e '.[ray,telemetry]'
+# The `browser` extra: playwright, which the dashboard and report tests drive Debian's chromium with.
+.venv/bin/python -m pip install -q -e '.[ray,telemetry,browser]'
