@@ -32,12 +32,25 @@ from tidal.eval.report import (
 from tidal.storage.run import atomic_writer
 
 SPLIT_COLORS = {"generation_s": "#4269d0", "tool_s": "#efb118", "overhead_s": "#9498a0"}
+# The base CSS keeps cells on one line (nowrap) for the run report's numeric tables; the eval
+# tables hold long task ids, sentences and link lists, so here cells wrap, the first column keeps a
+# readable width, long tokens break anywhere, and a table wider than its card scrolls inside it
+# (`.scroll`) instead of pushing the page wider than the viewport.
 EXTRA_CSS = """
-table { border-collapse: collapse; width: 100%; font-size: 13px; }
-th, td { border-bottom: 1px solid var(--line); padding: 4px 8px; text-align: left; vertical-align: top; }
-.ok { color: #1a7f37; font-weight: 600; } .bad { color: #cf222e; font-weight: 600; } .na { color: #6b7280; }
-.legend span { margin-right: 14px; } .legend i { display:inline-block; width:10px; height:10px; margin-right:4px; }
-svg text { font-size: 11px; fill: #374151; } svg text.title { font-size: 13px; font-weight: 600; }
+.scroll { overflow-x:auto; max-width:100%; margin:0 0 12px; }
+table { border-collapse:collapse; width:100%; font-size:13px; table-layout:auto; }
+th, td { border-bottom:1px solid var(--line); padding:4px 8px; text-align:left; vertical-align:top;
+  white-space:normal; overflow-wrap:break-word; word-break:normal; }
+th:first-child, td:first-child { min-width:11em; max-width:28em; overflow-wrap:anywhere; }
+th { text-transform:none; letter-spacing:0; }
+td.links { min-width:12em; overflow-wrap:anywhere; word-break:break-word; }
+td.links a { display:inline-block; max-width:100%; overflow-wrap:anywhere; margin-right:6px; }
+td.num { white-space:nowrap; text-align:right; }
+.ok { color:#1a7f37; font-weight:600; } .bad { color:#cf222e; font-weight:600; } .na { color:#6b7280; }
+.legend span { margin-right:14px; } .legend i { display:inline-block; width:10px; height:10px; margin-right:4px; }
+h3 { overflow-wrap:anywhere; } .sub { overflow-wrap:anywhere; }
+svg { max-width:100%; }
+svg text { font-size:11px; fill:#374151; } svg text.title { font-size:13px; font-weight:600; }
 """
 
 
@@ -70,7 +83,7 @@ def _checklist_section(views: list[EvalView], report_dir: Path) -> str:
         verdicts = [item["passed"] for item in view.checklist]
         overall = "bad" if False in verdicts else "ok" if verdicts and all(verdicts) else "na"
         word = {"ok": "PASS", "bad": "FAIL", "na": "INCOMPLETE"}[overall]
-        parts.append(f'<h3>{_e(view.name)}: <span class="{overall}">{word}</span></h3><table>'
+        parts.append(f'<h3>{_e(view.name)}: <span class="{overall}">{word}</span></h3><div class="scroll"><table>'
                      "<tr><th>item</th><th>threshold</th><th>value</th><th>verdict</th><th>detail</th><th>traces</th></tr>")
         for item in view.checklist:
             mark = {True: '<span class="ok">pass</span>', False: '<span class="bad">fail</span>',
@@ -82,8 +95,8 @@ def _checklist_section(views: list[EvalView], report_dir: Path) -> str:
             if item["name"].startswith("non-inferior") and value is not None:
                 shown = f"{100 * value:+.1f} pts"
             parts.append(f"<tr><td>{_e(item['name'])}</td><td>{_e(item['threshold'])}</td><td>{_e(shown)}</td>"
-                         f"<td>{mark}</td><td>{_e(item['detail'])}</td><td>{links}</td></tr>")
-        parts.append("</table>")
+                         f"<td>{mark}</td><td>{_e(item['detail'])}</td><td class='links'>{links}</td></tr>")
+        parts.append("</table></div>")
     parts.append("</section>")
     return "".join(parts)
 
@@ -105,9 +118,9 @@ def _outcomes_section(views: list[EvalView]) -> str:
     notes = "".join(f"<p class='sub'>{_e(v.name)}: {_e(v.summary.get('interval_note', ''))}</p>" for v in views)
     return ("<section><h2>Outcomes</h2><p class='sub'>infra_error and verifier_error are reported apart and left "
             "out of every rate; every other outcome is the model's and counts as a failure unless it is pass.</p>"
-            f"{notes}<table><tr><th>model</th><th>pass rate (95%, clustered by task)</th><th>pass@k</th>"
+            f"{notes}<div class='scroll'><table><tr><th>model</th><th>pass rate (95%, clustered by task)</th><th>pass@k</th>"
             f"<th>pass^k</th><th>cluster SE</th><th>format compliance</th><th>recovery</th>{head}</tr>"
-            + "".join(rows) + "</table></section>")
+            + "".join(rows) + "</table></div></section>")
 
 
 def _domain_chart(views: list[EvalView]) -> str:
@@ -184,8 +197,8 @@ def _distribution_section(views: list[EvalView]) -> str:
             if dist:
                 rows.append(f"<tr><td>{_e(view.name)}</td><td>{_e(key)}</td>"
                             + "".join(f"<td>{dist[s]:.4g}</td>" for s in ("mean", "p50", "p90", "max", "sum")) + "</tr>")
-    return ("<section><h2>Distributions (scored episodes)</h2><table><tr><th>model</th><th>metric</th><th>mean</th>"
-            "<th>p50</th><th>p90</th><th>max</th><th>total</th></tr>" + "".join(rows) + "</table></section>")
+    return ("<section><h2>Distributions (scored episodes)</h2><div class='scroll'><table><tr><th>model</th><th>metric</th><th>mean</th>"
+            "<th>p50</th><th>p90</th><th>max</th><th>total</th></tr>" + "".join(rows) + "</table></div></section>")
 
 
 def _quarantine_section(views: list[EvalView]) -> str:
@@ -195,8 +208,8 @@ def _quarantine_section(views: list[EvalView]) -> str:
     if not rows:
         return ""
     return ("<section><h2>Quarantined tasks (skipped)</h2><p class='sub'>listed in the audit's quarantine file "
-            "(--quarantine); not run and in no rate.</p><table><tr><th>model</th><th>task</th><th>domain</th>"
-            "<th>reasons</th></tr>" + "".join(rows) + "</table></section>")
+            "(--quarantine); not run and in no rate.</p><div class='scroll'><table><tr><th>model</th><th>task</th><th>domain</th>"
+            "<th>reasons</th></tr>" + "".join(rows) + "</table></div></section>")
 
 
 def _task_section(view: EvalView, report_dir: Path) -> str:
@@ -208,10 +221,10 @@ def _task_section(view: EvalView, report_dir: Path) -> str:
         cells = " ".join(
             f'<a class="{"ok" if r["passed"] else "bad"}" href="{_href(view, r.get("trace", ""), report_dir)}" '
             f'title="{_e(r.get("detail", ""))}">{_e(r["outcome"])}#{r["epoch"]}</a>' for r in records)
-        rows.append(f"<tr><td>{_e(task_id)}</td><td>{_e(records[0]['domain'])}</td><td>{cells}</td>"
+        rows.append(f"<tr><td>{_e(task_id)}</td><td>{_e(records[0]['domain'])}</td><td class='links'>{cells}</td>"
                     f"<td>{sum(int(r.get('steps', 0)) for r in records) / len(records):.1f}</td></tr>")
-    return (f"<section><h2>Tasks: {_e(view.name)}</h2><table><tr><th>task</th><th>domain</th><th>outcome per epoch "
-            "(links to traces)</th><th>mean steps</th></tr>" + "".join(rows) + "</table></section>")
+    return (f"<section><h2>Tasks: {_e(view.name)}</h2><div class='scroll'><table><tr><th>task</th><th>domain</th><th>outcome per epoch "
+            "(links to traces)</th><th>mean steps</th></tr>" + "".join(rows) + "</table></div></section>")
 
 
 def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Evaluation") -> str:
