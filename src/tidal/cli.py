@@ -167,6 +167,35 @@ def compare(
         typer.echo("\n\n".join(format_comparison(r) for r in results))
 
 
+@app.command("index")
+def index_command(
+    folders: list[str] = typer.Argument(..., help="eval folders (DIR or DIR:LABEL), oldest version first"),
+    config: Optional[Path] = typer.Option(None, help="eval config whose `index` section sets categories and weights"),
+    out: Path = typer.Option(Path("evals/index"), help="folder for index.json, trend.svg and index.html"),
+    by_label: bool = typer.Option(False, "--by-label", help="order the folders by their version labels"),
+    bootstrap: Optional[int] = typer.Option(None, min=100, help="bootstrap resamples B (default: the config's)"),
+    seed: Optional[int] = typer.Option(None, min=0, help="bootstrap seed (default: the config's)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Intelligence index of eval folders: weighted per-category scores with a task-clustered
+    bootstrap interval, and over several folders a version trend with the paired difference of
+    consecutive versions. Folders must have run the same task set (taskset.json)."""
+    try:
+        from tidal.eval.index import trend_of_folders
+        from tidal.eval.index_report import format_trend, write_index_outputs
+        from tidal.eval.settings import load_eval_settings
+
+        index_config = load_eval_settings(config).index
+        overrides = {k: v for k, v in (("bootstrap", bootstrap), ("seed", seed)) if v is not None}
+        index_config = index_config.model_copy(update=overrides)
+        result = trend_of_folders(folders, index_config, by_label=by_label)
+        paths = write_index_outputs(result, out)
+    except TidalError as error:
+        _fail(error)
+    typer.echo(json.dumps(result, indent=2) if as_json else format_trend(result))
+    typer.echo(f"wrote {paths['json']}, {paths['svg']}, {paths['html']}", err=True)
+
+
 @app.command("eval")
 def eval_command(
     model: str = typer.Option(..., "--model", help="tiny, a checkpoint folder, oracle, or openai:<model>@<base_url>"),

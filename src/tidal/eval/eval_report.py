@@ -29,6 +29,7 @@ from tidal.eval.report import (
     _tick_format,
     _title,
 )
+from tidal.eval.index_report import index_section
 from tidal.storage.run import atomic_writer
 
 SPLIT_COLORS = {"generation_s": "#4269d0", "tool_s": "#efb118", "overhead_s": "#9498a0"}
@@ -63,6 +64,7 @@ class EvalView:
     summary: dict[str, Any]
     records: list[dict[str, Any]]
     checklist: list[dict[str, Any]]
+    index: dict[str, Any] | None = None  # index.compute_index of the records
 
 
 def _pct(value: Any) -> str:
@@ -236,6 +238,7 @@ def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Ev
         f"<h1>{_e(title)}</h1><p class='sub'>{_e(', '.join(v.name for v in views))}</p>",
         _checklist_section(views, report_dir),
         _outcomes_section(views),
+        index_section(views),
         "<section><h2>Pass rate and cost</h2>" + _domain_chart(views) + _cost_chart(views)
         + _legend([(v.name, PALETTE[i % len(PALETTE)]) for i, v in enumerate(views)]) + "</section>",
         f"<section><h2>Success against the step budget</h2>{budget}</section>",

@@ -42,6 +42,7 @@ from tidal.agent.records import AgentOutcome, AgentResult
 from tidal.agent.runner import AgentConfig, run_episode
 from tidal.errors import EndpointAuthError, EndpointConfigError, EvalError
 from tidal.eval.answers import Answer, ScoreMany, answer_task, context_window
+from tidal.eval.index import compute_index, read_task_set, write_task_set
 from tidal.eval.settings import EvalSettings
 from tidal.sandbox.base import SandboxBackend
 from tidal.sandbox.session import SessionStore
@@ -208,6 +209,7 @@ def run_eval(policy: Policy, tasks: Sequence[Task], out: str | Path, backend: Sa
     (out / TRACES).mkdir(exist_ok=True)
     _write_quarantine(out, tasks, quarantine or {})
     tasks = [t for t in tasks if t.id not in (quarantine or {})]
+    write_task_set(out, tasks)  # what an index may be compared on (index.py)
     done = {(r["task_id"], int(r["epoch"])) for r in latest_records(read_results(out / RESULTS))
             if r.get("outcome") != AgentOutcome.INFRA_ERROR.value}
     work = [(task, epoch) for epoch in range(epochs) for task in tasks if (task.id, epoch) not in done]
@@ -313,7 +315,8 @@ def view_of(folder: Path, settings: EvalSettings, baseline: list[dict[str, Any]]
                    quarantined=quarantined, temperature=temperature,
                    interval_note=interval_note(summary, epochs, temperature))
     checklist = evaluate_checklist(summary, records, settings.checklist, epochs, baseline)
-    return EvalView(str(summary["model"]), folder, summary, records, checklist)
+    summary["index"] = compute_index(records, settings.index, read_task_set(folder)["hash"])
+    return EvalView(str(summary["model"]), folder, summary, records, checklist, summary["index"])
 
 
 def repeat_warning(epochs: int, temperature: float) -> str | None:

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tidal.errors import ConfigError
+from tidal.eval.index import IndexConfig
 
 
 class _Section(BaseModel):
@@ -68,6 +69,7 @@ class EvalSettings(_Section):
     request_timeout_s: float = Field(120.0, gt=0, description="one HTTP request to an endpoint")
     prices: dict[str, Price] = Field(default_factory=dict, description="model spec prefix -> price")
     checklist: Checklist = Field(default_factory=Checklist)
+    index: IndexConfig = Field(default_factory=IndexConfig, description="intelligence index: categories, weights, bootstrap")
 
     def price(self, model: str) -> Price:
         keys = [k for k in self.prices if model.startswith(k)]
