@@ -208,6 +208,9 @@ def eval_command(
     baseline: Optional[list[Path]] = typer.Option(None, help="eval folder(s) to compare with in the report"),
     quarantine: Optional[Path] = typer.Option(None, help="an audit's quarantine file: those tasks are skipped "
                                               "and listed in the report (tidal audit --quarantine)"),
+    price_in: Optional[float] = typer.Option(None, "--price-in", min=0, help="price per 1M prompt tokens "
+                                             "(outranks the config and the built-in table)"),
+    price_out: Optional[float] = typer.Option(None, "--price-out", min=0, help="price per 1M completion tokens"),
 ) -> None:
     """Evaluate a model on tasks of every kind: agent tasks as episodes in sandboxes, single-turn
     tasks (math, knowledge, reasoning, general, code) as answers scored by their verifiers.
@@ -224,8 +227,11 @@ def eval_command(
         def warn(text: str) -> None:
             typer.secho(f"warning: {text}", fg="yellow", err=True)
 
+        from tidal.eval.prices import with_flag_prices
+
+        settings = with_flag_prices(load_eval_settings(config), model, price_in, price_out)
         summary = evaluate(model, [*tasks, *(more_tasks or [])], out, epochs=epochs, concurrency=concurrency,
-                           settings=load_eval_settings(config), baselines=list(baseline or []), on_result=progress,
+                           settings=settings, baselines=list(baseline or []), on_result=progress,
                            quarantine=quarantine, warn=warn)
     except TidalError as error:
         _fail(error)
@@ -235,6 +241,8 @@ def eval_command(
     typer.echo(f"pass rate {rate}{interval} over {summary['scored']} episodes of {summary['interval']['clusters']} "
                f"tasks ({summary['ran']} run now, {summary['skipped']} already done); report: {out / 'report.html'}")
     typer.echo(summary["interval_note"])
+    if summary.get("cost_per_task") is None and summary.get("cost_unknown"):
+        typer.echo("cost unknown: no price applies to this model; set prices in the config or --price-in/--price-out")
     if summary["quarantined"]:
         typer.echo(f"{len(summary['quarantined'])} quarantined task(s) skipped: "
                    + ", ".join(q["task_id"] for q in summary["quarantined"][:10]))

@@ -97,7 +97,7 @@ class LocalConversation:
                                 max_new_tokens=max(1, max_new_tokens), stop=list(policy.stop), seed=seed)
         context = len(self.token_ids)
         started = time.perf_counter()
-        result = policy.generate(list(self.token_ids), params)
+        result, first_token = policy.generate_timed(list(self.token_ids), params)
         elapsed, cpu = time.perf_counter() - started, result.cpu_s  # the wait for the engine included
         completion = result.completions[0][0]
         self.turns += 1
@@ -108,7 +108,7 @@ class LocalConversation:
         self._ended_with_eos = bool(completion.token_ids) and completion.token_ids[-1] in policy.engine.eos_ids
         self.messages.append({"role": "assistant", "content": completion.text})
         return Turn(completion.text, parse_tool_calls(completion.text), context, len(completion.token_ids),
-                    elapsed, completion.finish_reason, cpu_s=cpu)
+                    elapsed, completion.finish_reason, cpu_s=cpu, first_token_s=first_token)
 
     def observe(self, turn: Turn, results: list[str]) -> None:
         calls = len(turn.parsed.calls) if calls_offered(turn.parsed, self.offered) else 0
@@ -146,6 +146,10 @@ class LocalPolicy:
 
     def generate(self, prompt: list[int], params: Any) -> JobResult:
         """One completion of `prompt`, generated in the engine call of whichever turns are waiting."""
+        return self.generate_timed(prompt, params)[0]
+
+    def generate_timed(self, prompt: list[int], params: Any) -> tuple[JobResult, float | None]:
+        """`generate`, and the seconds from submitting the turn to its first token (None: no token)."""
         from tidal.rollout.batcher import Batcher, Job
 
         if self.cancel is not None and self.cancel.is_set():
@@ -162,11 +166,20 @@ class LocalPolicy:
             box.append(result)
             done.set()
 
-        batcher.submit(Job([prompt], 1, params, on_done=finish))
+        submitted = time.perf_counter()
+        first: list[float] = []
+
+        def on_token(prompt_index: int, sample: int, token: int) -> None:
+            if not first:  # time to first token: the wait for a batch slot and the prefill
+                first.append(time.perf_counter() - submitted)
+
+        batcher.submit(Job([prompt], 1, params, on_token=on_token, on_done=finish))
         done.wait()
         if isinstance(box[0], BaseException):
             raise box[0]
-        return box[0]
+        # An HTTP engine hands its tokens over after the whole request: no first-token time there.
+        streams = type(self.engine).__name__ != "HttpEngine"
+        return box[0], (first[0] if first and streams else None)
 
     def close(self) -> None:
         """Stop the engine's worker thread (a later turn starts a new one)."""

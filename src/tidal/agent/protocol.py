@@ -28,6 +28,7 @@ class Turn:
     finish_reason: str = "stop"  # stop | length | tool_calls
     cpu_s: float = 0.0  # process CPU seconds spent generating (local models)
     call_ids: list[str] = field(default_factory=list)  # endpoint tool-call ids, to answer each one
+    first_token_s: float | None = None  # time to the first generated token (local: queue + prefill); None: not measured
 
 
 class Conversation(Protocol):

@@ -71,6 +71,7 @@ class StepRecord:
     cpu_s: float = 0.0
     text: str = ""  # the model's turn, cut to a preview
     calls: list[CallRecord] = field(default_factory=list)
+    first_token_s: float | None = None  # time to first token (Turn.first_token_s); None: not measured
 
 
 @dataclass

@@ -170,7 +170,7 @@ def _loop(conversation: Conversation, tools: dict[str, ToolSpec], context: ToolC
             index=index, tokens_in=turn.tokens_in, tokens_out=turn.tokens_out, generation_s=turn.generation_s,
             tool_s=tool_s, overhead_s=max(0.0, wall - turn.generation_s - tool_s), validity=validity.value,
             error=error_text, finish_reason=turn.finish_reason, cpu_s=turn.cpu_s, text=_preview(turn.text),
-            calls=calls))
+            calls=calls, first_token_s=turn.first_token_s))
         if submitted:
             return Termination.SUBMITTED, "", answer, _mark_recovery(steps)
     return Termination.STEP_LIMIT, f"{max_steps} steps used without submit", None, _mark_recovery(steps)

@@ -77,6 +77,7 @@ class Answer:
     cpu_s: float
     finish_reason: str
     wall_s: float
+    first_token_s: float | None = None  # Turn.first_token_s; None: not measured
 
     @property
     def reward(self) -> float | None:
@@ -111,4 +112,5 @@ def answer_task(policy: Policy, task: Task, score_many: ScoreMany, *, seed: int,
     (score,) = score_many([(task, turn.text)])
     outcome = judge(score)
     return Answer(outcome, score, turn.text, "" if outcome is AgentOutcome.PASS else score.detail, turn.tokens_in,
-                  turn.tokens_out, turn.generation_s, turn.cpu_s, turn.finish_reason, time.monotonic() - started)
+                  turn.tokens_out, turn.generation_s, turn.cpu_s, turn.finish_reason, time.monotonic() - started,
+                  turn.first_token_s)

@@ -79,6 +79,59 @@ def _href(view: EvalView, trace: str, report_dir: Path) -> str:
     return _e(os.path.relpath(view.folder / trace, report_dir)) if trace else ""
 
 
+NUMERIC_ITEMS = {"cost per task": "", "output speed (tokens/s)": " tokens/s", "time to first token (s)": " s"}
+
+
+def _item_value(item: dict[str, Any]) -> str:
+    """A checklist value as the report shows it: a missing cost is "unknown", never 0."""
+    value, name = item["value"], item["name"]
+    if value is None:
+        return "unknown" if name == "cost per task" else "n/a"
+    if name.startswith("non-inferior"):
+        return f"{100 * value:+.1f} pts"
+    if name in NUMERIC_ITEMS:
+        return f"{_num(value)}{NUMERIC_ITEMS[name]}"
+    return _pct(value)
+
+
+def _cell(entry: dict[str, Any] | None, key: str, fmt: Any, missing: str = "not measured") -> str:
+    """A mean or rate with its 95% interval, or `missing`."""
+    if not entry or entry.get(key) is None:
+        return f"<span class='na'>{_e(missing)}</span>"
+    ci = entry.get("ci")
+    interval = f" <span class='ci'>({fmt(ci[0])}–{fmt(ci[1])})</span>" if ci else ""
+    return f"{fmt(entry[key])}{interval}"
+
+
+def _speed_section(views: list[EvalView]) -> str:
+    """Output speed, time to first token, context use, tool stability and cost per model."""
+    rows = []
+    for view in views:
+        s = view.summary
+        speed, tools, context = s.get("speed") or {}, s.get("tools") or {}, s.get("context") or {}
+        cost = s.get("cost_per_task")
+        cost_text = (_num(cost) if cost is not None else
+                     f"unknown ({s.get('cost_unknown', 0)} episodes without a price)")
+        rows.append(
+            f"<tr><td>{_e(view.name)}</td>"
+            f"<td>{_cell(speed.get('tokens_per_s_task'), 'mean', lambda v: f'{v:.3g}')}</td>"
+            f"<td>{_cell(speed.get('tokens_per_s_step'), 'mean', lambda v: f'{v:.3g}')}</td>"
+            f"<td>{_cell(speed.get('first_token_s_task'), 'mean', lambda v: f'{v:.3g} s')}</td>"
+            f"<td>{_cell(speed.get('first_token_s_step'), 'mean', lambda v: f'{v:.3g} s')}</td>"
+            f"<td>{_e(context.get('max_tokens_p90') if context.get('max_tokens_p90') is not None else 'n/a')}</td>"
+            f"<td>{_cell(tools.get('failed_call_rate'), 'rate', _pct, 'no tool calls')}</td>"
+            f"<td>{_cell(tools.get('recovery_after_failure'), 'rate', _pct, 'no failed calls')}</td>"
+            f"<td>{_e(cost_text)}</td></tr>")
+    return ("<section><h2>Speed, context, tool stability and cost</h2><p class='sub'>95% intervals: per task, a t "
+            "interval over tasks (epochs averaged); per step, a bootstrap over tasks (B = 2000, seed 0) of the pooled "
+            "mean of turns; rates, clustered by task. Time to first token is measured for local engines (queue and "
+            "prefill); a non-streaming endpoint reports none. Failed calls: tool calls that ran and failed.</p>"
+            "<div class='scroll'><table><tr><th>model</th><th>tokens/s per task</th><th>tokens/s per step</th>"
+            "<th>first token per task</th><th>first token per step</th><th>context p90 (tokens)</th>"
+            "<th>failed calls</th><th>recovery after failure</th><th>cost per task</th></tr>"
+            + "".join(rows) + "</table></div></section>")
+
+
 def _checklist_section(views: list[EvalView], report_dir: Path) -> str:
     parts = ["<section><h2>Selection checklist</h2>"]
     for view in views:
@@ -92,10 +145,7 @@ def _checklist_section(views: list[EvalView], report_dir: Path) -> str:
                     None: '<span class="na">n/a</span>'}[item["passed"]]
             links = " ".join(f'<a href="{_href(view, link["trace"], report_dir)}" title="{_e(link["note"])}">'
                              f'{_e(link["task_id"])}#{link["epoch"]}</a>' for link in item["links"])
-            value = item["value"]
-            shown = _num(value) if item["name"] == "cost per task" else _pct(value)
-            if item["name"].startswith("non-inferior") and value is not None:
-                shown = f"{100 * value:+.1f} pts"
+            shown = _item_value(item)
             parts.append(f"<tr><td>{_e(item['name'])}</td><td>{_e(item['threshold'])}</td><td>{_e(shown)}</td>"
                          f"<td>{mark}</td><td>{_e(item['detail'])}</td><td class='links'>{links}</td></tr>")
         parts.append("</table></div>")
@@ -153,7 +203,8 @@ def _domain_chart(views: list[EvalView]) -> str:
 
 
 def _cost_chart(views: list[EvalView]) -> str:
-    points = [(float(v.summary.get("cost_per_task") or 0.0), v) for v in views if v.summary["pass_rate"] is not None]
+    points = [(float(v.summary["cost_per_task"]), v) for v in views  # an unknown cost is not drawn at 0
+              if v.summary["pass_rate"] is not None and v.summary.get("cost_per_task") is not None]
     if not points:
         return ""
     frame = _Frame(440, 280, left=52, right=16, top=30, bottom=36)
@@ -239,6 +290,7 @@ def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Ev
         _checklist_section(views, report_dir),
         _outcomes_section(views),
         index_section(views),
+        _speed_section(views),
         "<section><h2>Pass rate and cost</h2>" + _domain_chart(views) + _cost_chart(views)
         + _legend([(v.name, PALETTE[i % len(PALETTE)]) for i, v in enumerate(views)]) + "</section>",
         f"<section><h2>Success against the step budget</h2>{budget}</section>",

@@ -43,7 +43,9 @@ from tidal.agent.runner import AgentConfig, run_episode
 from tidal.errors import EndpointAuthError, EndpointConfigError, EvalError
 from tidal.eval.answers import Answer, ScoreMany, answer_task, context_window
 from tidal.eval.index import compute_index, read_task_set, write_task_set
+from tidal.eval.prices import cost_of, resolve_price
 from tidal.eval.settings import EvalSettings
+from tidal.eval.speed import speed_fields, step_fields
 from tidal.sandbox.base import SandboxBackend
 from tidal.sandbox.session import SessionStore
 from tidal.storage.run import dumps, fsync_path
@@ -101,13 +103,13 @@ def _trace_name(task_id: str, epoch: int) -> str:
 def _common(task: Task, epoch: int, model: str, settings: EvalSettings, outcome: AgentOutcome,
             totals: dict[str, float]) -> dict[str, Any]:
     """The fields every record has, whatever the kind of task."""
-    price = settings.price(model)
-    cost = (totals["tokens_in"] * price.input_per_mtok + totals["tokens_out"] * price.output_per_mtok) / 1e6 \
-        + totals["cpu_s"] / 3600 * price.cpu_hour
+    price = resolve_price(model, settings)  # None: unknown, and the cost is None rather than 0
+    cost = cost_of(price, totals["tokens_in"], totals["tokens_out"], totals["cpu_s"])
     return {
         "task_id": task.id, "epoch": epoch, "model": model, "domain": task.domain,
         "group": str(task.metadata.get("group") or task.id), "difficulty": task.difficulty,
         "outcome": outcome.value, "passed": outcome is AgentOutcome.PASS, **totals, "cost": cost,
+        "price_source": price.source if price else "unknown",
     }
 
 
@@ -115,7 +117,8 @@ def episode_record(task: Task, epoch: int, result: AgentResult, model: str, sett
                    attempts: int, retried: list[str], trace: str) -> dict[str, Any]:
     """The flat record of one finished (task, epoch) of an agent task, as results.jsonl holds it."""
     return {
-        **_common(task, epoch, model, settings, result.outcome, result.totals()), "kind": "episode",
+        **_common(task, epoch, model, settings, result.outcome, result.totals()), **step_fields(result.steps),
+        "kind": "episode",
         "max_steps": settings.budgets.max_steps or task.max_steps,
         "termination": result.termination.value, "detail": result.detail[:2000],
         "reward": result.reward, "tests": result.score.info.get("total") if result.score else None,
@@ -133,6 +136,9 @@ def answer_record(task: Task, epoch: int, answer: Answer, model: str, settings: 
               "calls_valid": 0, "calls_invalid": 0, "failures_followed": 0, "recoveries": 0}
     return {
         **_common(task, epoch, model, settings, answer.outcome, totals), "kind": "answer", "max_steps": 1,
+        **speed_fields([[answer.tokens_out, answer.generation_s, answer.first_token_s]] if answer.tokens_out else []),
+        "max_context_tokens": answer.tokens_in, "tool_calls": 0, "tool_calls_failed": 0,
+        "tool_failures_recovered": 0,
         "termination": answer.finish_reason or "not_generated", "detail": answer.detail[:2000],
         "reward": answer.reward, "tests": answer.score.info.get("total") if answer.score else None,
         "verdict": answer.score.outcome.value if answer.score else None,

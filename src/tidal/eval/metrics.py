@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from tidal.agent.records import AgentOutcome
+from tidal.eval.speed import speed_summary
 from tidal.eval.stats import clustered_interval, pass_at_k, pass_hat_k
 
 APART = {AgentOutcome.INFRA_ERROR.value, AgentOutcome.VERIFIER_ERROR.value}
@@ -102,7 +103,8 @@ def summarize(records: Sequence[dict[str, Any]], epochs: int = 1) -> dict[str, A
         domains[record["domain"]].append(record)
     summary["domains"] = {d: _rate(rs) for d, rs in sorted(domains.items())}
 
-    summary["distributions"] = {key: distribution([float(r.get(key) or 0.0) for r in scored]) for key in DISTRIBUTED}
+    summary["distributions"] = {key: distribution([float(r.get(key) or 0.0) for r in scored if key != "cost"
+                                                   or r.get("cost") is not None]) for key in DISTRIBUTED}
     episodes = [r for r in scored if r.get("kind", "episode") == "episode"]
     turns = sum(int(r.get("steps", 0)) for r in episodes)
     valid = sum(int(r.get("calls_valid", 0)) for r in episodes)
@@ -112,7 +114,11 @@ def summarize(records: Sequence[dict[str, Any]], epochs: int = 1) -> dict[str, A
     summary["recovery_rate"] = recovered / followed if followed else None
     summary["latency_split"] = {key: float(sum(float(r.get(key) or 0.0) for r in scored))
                                 for key in ("generation_s", "tool_s", "overhead_s")}
-    summary["cost_per_task"] = float(np.mean([float(r.get("cost") or 0.0) for r in scored])) if scored else None
+    unpriced = sum(1 for r in scored if "cost" in r and r["cost"] is None)  # no price applied: unknown, not 0
+    summary["cost_unknown"] = unpriced
+    summary["cost_per_task"] = (float(np.mean([float(r.get("cost") or 0.0) for r in scored]))
+                                if scored and not unpriced else None)
+    summary.update(speed_summary(scored))
     budget = max([int(r.get("max_steps") or 0) for r in scored] + [int(r.get("steps", 0)) for r in scored] + [0])
     summary["success_by_steps"] = [
         [b, sum(1 for r in scored if r["passed"] and int(r.get("steps", 0)) <= b) / len(scored)]

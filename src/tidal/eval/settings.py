@@ -56,6 +56,14 @@ class Checklist(_Section):
     format_compliance_floor: float | None = Field(0.9, ge=0, le=1, description="lowest share of valid tool-call turns")
     pass_hat_k_floor: float | None = Field(None, ge=0, le=1, description="lowest pass^k (k = the epochs)")
     min_pass_rate: float | None = Field(None, ge=0, le=1, description="lowest pass rate")
+    min_tokens_per_s: float | None = Field(None, gt=0, description="lowest mean output speed per task (tokens/s)")
+    max_first_token_s: float | None = Field(None, gt=0, description="highest mean time to first token per task (s)")
+    max_context_exceeded_rate: float | None = Field(None, ge=0, le=1, description=(
+        "highest share of episodes that ended context_exceeded"))
+    max_failed_call_rate: float | None = Field(None, ge=0, le=1, description=(
+        "highest share of tool calls that ran and failed (non-zero exit, missing file)"))
+    min_recovery_after_failure: float | None = Field(None, ge=0, le=1, description=(
+        "lowest share of failed tool calls followed by a successful call in the same episode"))
 
 
 class EvalSettings(_Section):
