@@ -111,3 +111,21 @@ def test_report_layout_holds_at_width(report: Path, open_page: Any, width: int, 
     assert pixels["width"] == width  # the page is no wider than the viewport
     assert pixels["colors"] > 20 and 0.002 < pixels["dark"] < 0.5  # text and charts drawn, not blank
     assert page.tidal_errors == [] and blank.tidal_errors == []
+
+
+@pytest.mark.parametrize("width", [800, 1600])
+def test_index_page_layout_holds_at_width(tmp_path: Path, open_page: Any, width: int) -> None:
+    from tidal.eval.index import trend_of_folders
+    from tidal.eval.index_report import write_index_outputs
+
+    first = _eval_folder(tmp_path / "v1").parent
+    second = tmp_path / "v2"
+    second.mkdir()
+    for name in ("eval.json", "results.jsonl"):
+        (second / name).write_text((first / name).read_text(encoding="utf-8"), encoding="utf-8")
+    paths = write_index_outputs(trend_of_folders([f"{first}:version-1", f"{second}:version-2"]), tmp_path / "index")
+    page = open_page(paths["html"].as_uri(), width=width)
+    layout = page.evaluate(LAYOUT)
+    assert layout["problems"] == [] and page.inner_text("h1") == "Intelligence index"
+    assert page.locator("svg circle").count() == 2 and "version-1 → version-2" in page.inner_text("main")
+    assert page.tidal_errors == []
