@@ -153,7 +153,8 @@ def index_section(views: list[Any]) -> str:
         index = view.index
         cells = "".join(
             f"<td class='num'>{_pct(c['score'])} {_interval(c['ci'])}<br><span class='ci'>w {c['weight']:.2f}, "
-            f"{c['tasks']} tasks</span></td>" for c in (index["categories"].get(n) for n in names) if c is not None)
+            f"{c['tasks']} tasks</span></td>" if c and c["tasks"] else "<td class='na'>no tasks</td>"
+            for c in (index["categories"].get(n) for n in names))
         rows.append(f"<tr><td>{_e(view.name)}</td><td class='num'><b>{_pct(index['index'])}</b> "
                     f"{_interval(index['ci'])}</td>{cells}</tr>")
     first = shown[0].index
