@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tidal.eval.index_report import index_section
 from tidal.eval.report import (
     CSS,
     PALETTE,
@@ -29,7 +30,6 @@ from tidal.eval.report import (
     _tick_format,
     _title,
 )
-from tidal.eval.index_report import index_section
 from tidal.storage.run import atomic_writer
 
 SPLIT_COLORS = {"generation_s": "#4269d0", "tool_s": "#efb118", "overhead_s": "#9498a0"}

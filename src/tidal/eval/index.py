@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -240,6 +241,15 @@ def compute_index(records: Sequence[Mapping[str, Any]], config: IndexConfig | No
             "task_set": task_set_hash}
 
 
+def _aligned(scored: _Scored, tasks: Mapping[str, list[str]]) -> dict[str, np.ndarray]:
+    """Per category, the scores of `tasks` in that order."""
+    out = {}
+    for name, ids in tasks.items():
+        position = {task: at for at, task in enumerate(scored.tasks[name])}
+        out[name] = np.asarray([scored.scores[name][position[t]] for t in ids], dtype=np.float64)
+    return out
+
+
 def paired_index_difference(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]],
                             config: IndexConfig | None = None) -> dict[str, Any]:
     """index(after) − index(before) over the same tasks, with the paired bootstrap interval (the
@@ -248,8 +258,7 @@ def paired_index_difference(before: Sequence[Mapping[str, Any]], after: Sequence
     config = config or IndexConfig()
     a, b = _scored(before, config), _scored(after, config)
     shared = {name: sorted(set(a.tasks[name]) & set(b.tasks[name])) for name in config.categories}
-    rows_a = {name: np.asarray([a.scores[name][a.tasks[name].index(t)] for t in ids]) for name, ids in shared.items()}
-    rows_b = {name: np.asarray([b.scores[name][b.tasks[name].index(t)] for t in ids]) for name, ids in shared.items()}
+    rows_a, rows_b = _aligned(a, shared), _aligned(b, shared)
     present = {name: config.categories[name].weight for name, ids in shared.items() if ids}
     if not present:
         return {"diff": None, "ci": None, "tasks": 0, "bootstrap": config.bootstrap, "seed": config.seed}
@@ -318,7 +327,7 @@ def trend(versions: Sequence[Version], config: IndexConfig | None = None) -> dic
     rows = [{"label": v.label, "folder": str(v.folder), **compute_index(v.records, config, v.task_set["hash"])}
             for v in versions]
     steps = [{"from": a.label, "to": b.label, **paired_index_difference(a.records, b.records, config)}
-             for a, b in zip(versions, versions[1:])]
+             for a, b in itertools.pairwise(versions)]
     return {"task_set": first.task_set["hash"], "task_set_kind": first.task_set.get("kind"),
             "versions": rows, "differences": steps, "bootstrap": config.bootstrap, "seed": config.seed,
             "confidence": config.confidence, "categories": list(config.categories)}

@@ -12,7 +12,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tidal.eval.report import CSS, CSP, PALETTE, _e, _error_bar, _Frame, _legend, _segment, _title
+from tidal.eval.report import (
+    CSP,
+    CSS,
+    PALETTE,
+    _e,
+    _error_bar,
+    _Frame,
+    _legend,
+    _segment,
+    _title,
+)
 from tidal.storage.run import atomic_writer
 
 INDEX_COLOR = "#1f2937"
@@ -158,9 +168,9 @@ def index_section(views: list[Any]) -> str:
         rows.append(f"<tr><td>{_e(view.name)}</td><td class='num'><b>{_pct(index['index'])}</b> "
                     f"{_interval(index['ci'])}</td>{cells}</tr>")
     first = shown[0].index
-    notes = [f"Scores in points (0–100). {100 * first['confidence']:.0f}% percentile bootstrap, B = "
-             f"{first['bootstrap']}, seed {first['seed']}: tasks resampled within each category, all epochs of a "
-             "task together."]
+    notes = [(f"Scores in points (0–100). {100 * first['confidence']:.0f}% percentile bootstrap, B = "
+              f"{first['bootstrap']}, seed {first['seed']}: tasks resampled within each category, all epochs of a "
+              "task together.")]
     for view in shown:
         index = view.index
         extra = []

@@ -4,8 +4,8 @@ interval, task-set hashes and refusals, the paired difference of versions, `tida
 from __future__ import annotations
 
 import json
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from xml.etree import ElementTree
 
 import numpy as np
 import pytest
