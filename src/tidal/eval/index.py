@@ -238,7 +238,7 @@ def compute_index(records: Sequence[Mapping[str, Any]], config: IndexConfig | No
             "unmapped": scored.unmapped, "tasks": sum(len(ids) for ids in scored.tasks.values()),
             "bootstrap": config.bootstrap, "seed": config.seed, "confidence": config.confidence,
             "method": "percentile bootstrap, tasks resampled within category, all epochs of a task together",
-            "task_set": task_set_hash}
+            "task_set": task_set_hash, "config": config.model_dump(mode="json")}
 
 
 def _aligned(scored: _Scored, tasks: Mapping[str, list[str]]) -> dict[str, np.ndarray]:

@@ -180,6 +180,26 @@ def index_section(views: list[Any]) -> str:
             extra.append(f"{len(index['unmapped'])} task(s) in no category")
         task_set = index.get("task_set") or "not recorded"
         notes.append(f"{view.name}: task set {task_set[:16]}" + (f"; {'; '.join(extra)}" if extra else ""))
+    notes.extend(_baseline_differences(shown))
     note_html = "".join(f"<p class='sub'>{_e(n)}</p>" for n in notes)
     return (f"<section><h2>Intelligence index</h2>{note_html}<div class='scroll'><table><tr><th>model</th>"
             f"<th>index</th>{head}</tr>" + "".join(rows) + "</table></div></section>")
+
+
+def _baseline_differences(views: list[Any]) -> list[str]:
+    """The candidate's index against each baseline: the paired difference when both ran the same
+    task set, else a sentence saying they are not comparable (and both hashes)."""
+    from tidal.eval.index import IndexConfig, paired_index_difference
+
+    candidate, lines = views[0], []
+    config = IndexConfig.model_validate(candidate.index["config"]) if candidate.index.get("config") else IndexConfig()
+    for baseline in views[1:]:
+        mine, theirs = candidate.index.get("task_set"), baseline.index.get("task_set")
+        if not mine or mine != theirs:
+            lines.append(f"{candidate.name} vs {baseline.name}: not compared, the task sets differ "
+                         f"({(mine or 'not recorded')[:16]} vs {(theirs or 'not recorded')[:16]})")
+            continue
+        step = paired_index_difference(baseline.records, candidate.records, config)
+        lines.append(f"{candidate.name} − {baseline.name}: {_signed(step['diff'])} pts, paired 95% CI "
+                     f"{_interval(step['ci'])} over {step['tasks']} tasks")
+    return lines

@@ -175,3 +175,19 @@ def test_tidal_index_exits_2_with_both_hashes_on_a_mismatch(tmp_path: Path) -> N
     result = CliRunner().invoke(app, ["index", str(a), str(b), "--out", str(tmp_path / "index")])
     assert result.exit_code == 2
     assert read_task_set(a)["hash"][:16] in result.output and read_task_set(b)["hash"][:16] in result.output
+
+
+def test_eval_report_compares_indices_only_on_the_same_task_set(tmp_path: Path) -> None:
+    from tidal.eval.eval_report import render_eval_report
+    from tidal.eval.harness import view_of
+    from tidal.eval.settings import EvalSettings
+
+    settings = EvalSettings()
+    candidate = view_of(_eval_folder(tmp_path / "new", {**SOLVED, "m2": True}), settings)
+    same = view_of(_eval_folder(tmp_path / "old", SOLVED), settings)
+    other = view_of(_eval_folder(tmp_path / "other", {**SOLVED, "m9": True}), settings)
+    html = render_eval_report([candidate, same, other], tmp_path)
+    expected = paired_index_difference(same.records, candidate.records, settings.index)["diff"]
+    assert f"new − old: {100 * expected:+.1f} pts" in html and "Intelligence index" in html
+    assert "new vs other: not compared, the task sets differ" in html
+    assert candidate.summary["index"]["bootstrap"] == 2000
