@@ -190,7 +190,13 @@ class EndpointConversation:
         if self.tools:  # a single-turn task offers none, and APIs refuse an empty list
             body["tools"] = self.tools
         started = time.perf_counter()
-        reply = policy.client.chat(body)
+        first_token_s = None
+        if policy.stream:  # streamed only to time the first token (agent/streaming.py)
+            from tidal.agent.streaming import stream_chat
+
+            reply, first_token_s = stream_chat(policy.client, body)
+        else:
+            reply = policy.client.chat(body)
         elapsed = time.perf_counter() - started
         text, parsed, ids, finish, usage = parse_reply(reply, policy.client.base_url)
         message = reply["choices"][0]["message"]
@@ -201,7 +207,7 @@ class EndpointConversation:
         tokens_in = _count(usage.get("prompt_tokens"))
         tokens_out = _count(usage.get("completion_tokens")) or len(text) // 4
         self.prompt_tokens = tokens_in + tokens_out
-        return Turn(text, parsed, tokens_in, tokens_out, elapsed, finish, call_ids=ids)
+        return Turn(text, parsed, tokens_in, tokens_out, elapsed, finish, call_ids=ids, first_token_s=first_token_s)
 
     def observe(self, turn: Turn, results: list[str]) -> None:
         # Every tool_call id must be answered (an invalid turn answers each with the error); a
@@ -220,8 +226,10 @@ class EndpointPolicy:
     """A model behind an OpenAI-compatible endpoint; the tools go in the request's `tools` field."""
 
     def __init__(self, model: str, base_url: str, api_key_env: str = "OPENAI_API_KEY", temperature: float = 0.0,
-                 timeout_s: float = 120.0, request_retries: int = 2, retry_delay_s: float = 1.0) -> None:
+                 timeout_s: float = 120.0, request_retries: int = 2, retry_delay_s: float = 1.0,
+                 stream: bool = False) -> None:
         self.model, self.name, self.temperature = model, f"openai:{model}@{base_url}", temperature
+        self.stream = stream  # stream replies to measure time to first token
         self.client = EndpointClient(base_url, os.environ.get(api_key_env) or None, timeout_s,
                                      request_retries, retry_delay_s)
 

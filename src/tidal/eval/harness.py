@@ -386,7 +386,7 @@ def evaluate(model: str, task_paths: Sequence[str | Path], out: str | Path, *, e
         warn(note)
     options: dict[str, Any] = {"temperature": settings.temperature}
     if model.startswith("openai:"):
-        options.update(api_key_env=settings.api_key_env, timeout_s=settings.request_timeout_s)
+        options.update(api_key_env=settings.api_key_env, timeout_s=settings.request_timeout_s, stream=settings.stream)
     else:
         options.update(stop=list(settings.stop))
     policy = make_policy(model, **options) if model != "oracle" else make_policy(model)

@@ -75,6 +75,8 @@ class EvalSettings(_Section):
         "stop strings of a local model's turns and answers (a train run's held-out evaluation uses rollout.stop)"))
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the endpoint's key")
     request_timeout_s: float = Field(120.0, gt=0, description="one HTTP request to an endpoint")
+    stream: bool = Field(False, description=(
+        "stream endpoint replies (SSE) to measure time to first token; the endpoint must support stream=true"))
     prices: dict[str, Price] = Field(default_factory=dict, description="model spec prefix -> price")
     checklist: Checklist = Field(default_factory=Checklist)
     index: IndexConfig = Field(default_factory=IndexConfig, description="intelligence index: categories, weights, bootstrap")
