@@ -5,7 +5,8 @@ Only for timing: an endpoint that streams lets the eval measure time to first to
 chunk that carries content or a tool call), which a non-streamed request cannot. The chunks'
 `delta`s are joined: `content` concatenated, `tool_calls` merged by `index` (id, name, and the
 `arguments` text concatenated), the last `finish_reason` kept, and `usage` taken from the final
-chunk (`stream_options.include_usage`). Failures are typed as `EndpointClient._post`'s are; a
+chunk (`stream_options.include_usage`). A server that ignores `stream` and answers with one JSON
+body is read as a plain reply, with no first-token time. Failures are typed as `EndpointClient._post`'s are; a
 stream that breaks off or holds a line that is not JSON is `EndpointUnavailableError` (the server
 failed, not the model).
 """
@@ -49,6 +50,8 @@ def _stream_once(client: Any, body: dict[str, Any]) -> tuple[dict[str, Any], flo
     state = _Reply()
     try:
         with urllib.request.urlopen(request, timeout=client.timeout_s) as response:
+            if response.headers.get_content_type() == "application/json":
+                return _plain(response.read(MAX_STREAM_BYTES + 1), url), None
             read = 0
             for raw in response:
                 read += len(raw)
@@ -66,6 +69,19 @@ def _stream_once(client: Any, body: dict[str, Any]) -> tuple[dict[str, Any], flo
     if not state.done and not state.chunks:
         raise EndpointUnavailableError(f"{url}: the stream held no chunks", url)
     return state.reply(), state.first_token_s
+
+
+def _plain(data: bytes, url: str) -> dict[str, Any]:
+    """The reply of a server that ignored `stream` and answered in one JSON body: no first-token time."""
+    if len(data) > MAX_STREAM_BYTES:
+        raise EndpointUnavailableError(f"{url}: response over {MAX_STREAM_BYTES >> 20} MiB", url)
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        raise EndpointUnavailableError(f"{url}: the response is not JSON: {data[:200]!r}", url) from None
+    if not isinstance(parsed, dict):
+        raise EndpointUnavailableError(f"{url}: the response is not a JSON object", url)
+    return parsed
 
 
 class _Reply:

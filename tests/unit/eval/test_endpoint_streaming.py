@@ -84,3 +84,30 @@ def test_a_broken_stream_is_an_infra_error(stream_server: Any) -> None:
     stream_server["chunks"] = [_chunk({"content": "hi"}), b"data: {not json\n\n"]
     with pytest.raises(EndpointUnavailableError, match="not JSON"):
         _conversation(stream_server["url"], stream=True).generate(64)
+
+
+def test_a_server_that_ignores_stream_gives_a_plain_turn_without_a_first_token_time() -> None:
+    reply = {"choices": [{"message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}],
+             "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        turn = _conversation(f"http://127.0.0.1:{server.server_address[1]}/v1", stream=True).generate(8)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert turn.text == "done" and turn.tokens_out == 1 and turn.first_token_s is None
