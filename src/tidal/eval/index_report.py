@@ -52,7 +52,8 @@ def format_trend(result: dict[str, Any]) -> str:
     for step in result["differences"]:
         lines.append(f"{step['from']} -> {step['to']}: {_signed(step['diff'])} pts, paired "
                      f"{_interval(step['ci'])} over {step['tasks']} tasks")
-    lines.append(f"task set {result['task_set'][:16]}; bootstrap B={result['bootstrap']}, seed {result['seed']}, "
+    kind = " (ids only: no taskset.json, task content not checked)" if result.get("task_set_kind") == "ids" else ""
+    lines.append(f"task set {result['task_set'][:16]}{kind}; bootstrap B={result['bootstrap']}, seed {result['seed']}, "
                  "tasks resampled within category")
     for row in result["versions"]:
         if row["missing"] or row["unmapped"]:
