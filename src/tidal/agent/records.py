@@ -52,6 +52,7 @@ class CallRecord:
     tool_s: float
     output_chars: int  # before truncation
     truncated: bool
+    summarized: bool = False  # the model read a summary of the output (context.Compression)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class StepRecord:
     cpu_s: float = 0.0
     text: str = ""  # the model's turn, cut to a preview
     calls: list[CallRecord] = field(default_factory=list)
+    context_changes: list[str] = field(default_factory=list)  # what the overflow strategy freed before it
 
 
 @dataclass
