@@ -34,7 +34,6 @@ from tidal.agent.records import (
     Termination,
 )
 from tidal.agent.toolcall import CallValidity, ParsedTurn
-from tidal.agent.window import fits
 from tidal.agent.tools import (
     ToolContext,
     ToolSpec,
@@ -42,6 +41,7 @@ from tidal.agent.tools import (
     get_tools,
     tool_schemas,
 )
+from tidal.agent.window import fits
 from tidal.errors import (
     EndpointAuthError,
     EndpointConfigError,
