@@ -179,6 +179,8 @@ def eval_command(
     baseline: Optional[list[Path]] = typer.Option(None, help="eval folder(s) to compare with in the report"),
     quarantine: Optional[Path] = typer.Option(None, help="an audit's quarantine file: those tasks are skipped "
                                               "and listed in the report (tidal audit --quarantine)"),
+    sweep: Optional[str] = typer.Option(None, help="context=1k,2k,4k: one eval per context length into OUT/context-N, "
+                                        "and the pass-rate/cost curve in OUT/report.html (eval/sweep.py)"),
 ) -> None:
     """Evaluate a model on tasks of every kind: agent tasks as episodes in sandboxes, single-turn
     tasks (math, knowledge, reasoning, general, code) as answers scored by their verifiers.
@@ -195,6 +197,18 @@ def eval_command(
         def warn(text: str) -> None:
             typer.secho(f"warning: {text}", fg="yellow", err=True)
 
+        if sweep is not None:
+            from tidal.eval.sweep import parse_sweep, run_sweep
+
+            points = run_sweep(parse_sweep(sweep), out, load_eval_settings(config), evaluate, model=model,
+                               task_paths=[*tasks, *(more_tasks or [])], epochs=epochs, concurrency=concurrency,
+                               on_result=progress, quarantine=quarantine, warn=warn)["points"]
+            for point in points:
+                rate = "n/a" if point["pass_rate"] is None else f"{100 * point['pass_rate']:.1f}%"
+                typer.echo(f"context {point['context_length']}: pass rate {rate}, "
+                           f"{point['tokens_per_task']:.0f} tokens/task, {point['context_exceeded']} context_exceeded")
+            typer.echo(f"report: {out / 'report.html'}")
+            return
         summary = evaluate(model, [*tasks, *(more_tasks or [])], out, epochs=epochs, concurrency=concurrency,
                            settings=load_eval_settings(config), baselines=list(baseline or []), on_result=progress,
                            quarantine=quarantine, warn=warn)
