@@ -11,7 +11,11 @@
               | infra_error | verifier_error
 
 An invalid turn runs none of its calls; the model is told what was wrong and the step counts
-against the budget. RL training and evaluation both call `run_episode`.
+against the budget. The wall time is a deadline inside the step too: commands are cut to what is
+left, and a turn is stopped there when its conversation takes a `deadline` (`TurnTimeout`: the
+episode ends `timeout` with the partial turn recorded). Before each turn the context-window rule
+(window.py) runs, locally by token count and served by the server's refusal, with the configured
+overflow strategy. RL training and evaluation both call `run_episode`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ integer, number, boolean, array or object, `required`, `additionalProperties: fa
 `maxLength`), so a tool body only ever sees well-typed arguments.
 
 Every command runs in a fresh sandbox over the session's workspace (`SandboxSession.exec`): files
-persist between calls, processes do not. A tool's own failure (a command that exits 1, a file
+persist between calls, processes do not; its time limit is its own, cut to what is left of the
+episode's wall time (`ToolContext.command_timeout`), and it is killed at it. A tool's own failure (a command that exits 1, a file
 that does not exist) is a normal `ToolOutput` with `ok=False`: the model reads it and carries on.
 Only a sandbox that cannot start raises (`SandboxUnavailableError`), which the runner turns into
 an infra error.

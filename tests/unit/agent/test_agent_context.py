@@ -36,7 +36,7 @@ def test_overflow_steps_elide_oldest_observations_then_drop_oldest_turns() -> No
     assert messages[3]["content"] == "[earlier tool output elided: 500 characters]"
     assert "message 5" in (shrink(messages, 2, strategy) or "")
     assert "dropped 2" in (shrink(messages, 2, strategy) or "")  # a1 and its answer
-    assert [m["content"] for m in messages[2:]][0] == "a2"
+    assert messages[2]["content"] == "a2"
     assert shrink(messages, 2, strategy) is not None and messages == opening
     assert shrink(messages, 2, strategy) is None  # nothing left: the episode ends context_exceeded
     assert shrink(list(opening), 2, ()) is None
@@ -125,3 +125,11 @@ def test_long_output_is_cut_by_ratio_with_a_marker_or_summarised(bwrap: SandboxB
     assert call.summarized and seen and seen[0].startswith("line 0\n")
     shown = result.trace["messages"][-1]["content"]
     assert shown.startswith("[summary of a ") and "1000 numbered lines" in shown
+
+
+def test_the_summariser_is_a_fresh_single_turn_conversation_of_a_policy() -> None:
+    from tidal.eval.layers import summarizer
+
+    policy = ScriptedPolicy(outputs_for=lambda task: ["  3 files, one error: x.py line 2  "])
+    summarize = summarizer(policy, max_tokens=64, input_chars=200)
+    assert summarize("a" * 5000) == "3 files, one error: x.py line 2"

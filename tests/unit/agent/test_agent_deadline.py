@@ -41,7 +41,7 @@ def test_a_3s_command_under_a_2s_budget_ends_the_episode_at_the_budget(bwrap: Sa
 
 
 class _SlowHandler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 (the http.server name)
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         time.sleep(3.0)
         body = b'{"choices": [{"message": {"content": "late"}, "finish_reason": "stop"}]}'
