@@ -211,6 +211,8 @@ def eval_command(
     price_in: Optional[float] = typer.Option(None, "--price-in", min=0, help="price per 1M prompt tokens "
                                              "(outranks the config and the built-in table)"),
     price_out: Optional[float] = typer.Option(None, "--price-out", min=0, help="price per 1M completion tokens"),
+    sweep: Optional[str] = typer.Option(None, help="context=1k,2k,4k: one eval per context length into OUT/context-N, "
+                                        "and the pass-rate/cost curve in OUT/report.html (eval/sweep.py)"),
 ) -> None:
     """Evaluate a model on tasks of every kind: agent tasks as episodes in sandboxes, single-turn
     tasks (math, knowledge, reasoning, general, code) as answers scored by their verifiers.
@@ -230,6 +232,18 @@ def eval_command(
         from tidal.eval.prices import with_flag_prices
 
         settings = with_flag_prices(load_eval_settings(config), model, price_in, price_out)
+        if sweep is not None:
+            from tidal.eval.sweep import parse_sweep, run_sweep
+
+            points = run_sweep(parse_sweep(sweep), out, settings, evaluate, model=model,
+                               task_paths=[*tasks, *(more_tasks or [])], epochs=epochs, concurrency=concurrency,
+                               on_result=progress, quarantine=quarantine, warn=warn)["points"]
+            for point in points:
+                rate = "n/a" if point["pass_rate"] is None else f"{100 * point['pass_rate']:.1f}%"
+                typer.echo(f"context {point['context_length']}: pass rate {rate}, "
+                           f"{point['tokens_per_task']:.0f} tokens/task, {point['context_exceeded']} context_exceeded")
+            typer.echo(f"report: {out / 'report.html'}")
+            return
         summary = evaluate(model, [*tasks, *(more_tasks or [])], out, epochs=epochs, concurrency=concurrency,
                            settings=settings, baselines=list(baseline or []), on_result=progress,
                            quarantine=quarantine, warn=warn)

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from tidal.agent.protocol import Message, Turn
+from tidal.agent.protocol import Message, Turn, TurnTimeout
 from tidal.agent.render import answer_messages
 from tidal.agent.toolcall import (
     MAX_CALL_CHARS,
@@ -33,6 +33,7 @@ from tidal.agent.toolcall import (
     parse_call_body,
     parse_tool_calls,
 )
+from tidal.agent.window import shrink
 from tidal.errors import (
     EndpointAuthError,
     EndpointConfigError,
@@ -63,24 +64,31 @@ class EndpointClient:
         self.base_url, self.api_key, self.timeout_s = base_url, api_key, timeout_s
         self.request_retries, self.retry_delay_s = request_retries, retry_delay_s
 
-    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+    def chat(self, body: dict[str, Any], deadline: float | None = None) -> dict[str, Any]:
+        """One chat completion, retried on unavailability. With `deadline` (time.monotonic()) each
+        request's timeout is cut to what is left, and no retry starts after it: `TurnTimeout`."""
         for attempt in range(self.request_retries + 1):
+            timeout = self.timeout_s if deadline is None else min(self.timeout_s, deadline - time.monotonic())
+            if timeout <= 0:
+                raise TurnTimeout(f"{self.base_url}: the episode's wall time ran out before the reply")
             try:
-                return self._post("/chat/completions", body)
+                return self._post("/chat/completions", body, timeout)
             except EndpointUnavailableError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TurnTimeout(f"{self.base_url}: no reply before the episode's wall time ran out") from None
                 if attempt == self.request_retries:
                     raise
                 time.sleep(self.retry_delay_s * (2 ** attempt))
         raise AssertionError("unreachable")
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         url = self.base_url + path
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         request = urllib.request.Request(url, json.dumps(body).encode("utf-8"), headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as response:
                 data = response.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as error:
             raise _http_error(url, error) from None
@@ -176,13 +184,15 @@ class EndpointConversation:
 
     def __init__(self, policy: EndpointPolicy, messages: list[Message], tools: list[dict[str, Any]], seed: int) -> None:
         self.policy, self.messages, self.tools, self.seed = policy, list(messages), tools, seed
+        self.opening = len(self.messages)  # system and task layers: never rewritten (window.shrink)
+        self.rewrites: list[dict[str, Any]] = []
         self.prompt_tokens = 0  # the endpoint's count for the last turn
 
     @property
     def context_tokens(self) -> int:
         return self.prompt_tokens
 
-    def generate(self, max_new_tokens: int) -> Turn:
+    def generate(self, max_new_tokens: int, deadline: float | None = None) -> Turn:
         policy = self.policy
         body: dict[str, Any] = {"model": policy.model, "messages": self.messages,
                                 "max_tokens": max(1, max_new_tokens), "temperature": policy.temperature,
@@ -194,9 +204,9 @@ class EndpointConversation:
         if policy.stream:  # streamed only to time the first token (agent/streaming.py)
             from tidal.agent.streaming import stream_chat
 
-            reply, first_token_s = stream_chat(policy.client, body)
+            reply, first_token_s = stream_chat(policy.client, body, deadline)
         else:
-            reply = policy.client.chat(body)
+            reply = policy.client.chat(body, deadline)
         elapsed = time.perf_counter() - started
         text, parsed, ids, finish, usage = parse_reply(reply, policy.client.base_url)
         message = reply["choices"][0]["message"]
@@ -214,8 +224,17 @@ class EndpointConversation:
         # turn without tool_calls is answered by a user message.
         self.messages.extend(answer_messages(results, len(turn.call_ids), turn.call_ids))
 
+    def shrink(self, strategy: list[str] | tuple[str, ...]) -> str | None:
+        """One step of the overflow strategy (window.shrink), after the server refused the request
+        for its length; the runner then sends the shorter conversation."""
+        done = shrink(self.messages, self.opening, strategy)
+        if done is not None:
+            self.rewrites.append({"turn": len([m for m in self.messages if m.get("role") == "assistant"]),
+                                  "change": done})
+        return done
+
     def trace(self) -> dict[str, Any]:
-        return {"messages": self.messages}
+        return {"messages": self.messages, **({"context_rewrites": self.rewrites} if self.rewrites else {})}
 
 
 def _count(value: Any) -> int:

@@ -21,9 +21,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from tidal.agent.protocol import Message, Turn
+from tidal.agent.protocol import Message, Turn, TurnTimeout
 from tidal.agent.render import answer_messages, calls_offered, render_messages
 from tidal.agent.toolcall import parse_tool_calls
+from tidal.agent.window import shrink
 from tidal.errors import ModelLoadError, PreemptedError
 from tidal.types import Task
 
@@ -74,6 +75,9 @@ class LocalConversation:
         self.policy = policy
         self.offered = [tool["function"]["name"] for tool in tools]
         self.messages = render_messages(messages, tools)  # what the template reads, tools included
+        self.opening = len(self.messages)  # system and task layers: never rewritten (window.shrink)
+        self.rewrites: list[dict[str, Any]] = []  # what the overflow strategy changed, at which turn
+        self.partial = ""  # the text of a turn cut short by the deadline
         self.prompt_ids = render_prompt(policy.tokenizer, self.messages)
         self.token_ids: list[int] = list(self.prompt_ids)
         self.mask: list[int] = [0] * len(self.token_ids)  # 1 on generated tokens (the ones trained on)
@@ -86,7 +90,7 @@ class LocalConversation:
     def context_tokens(self) -> int:
         return len(self.token_ids)
 
-    def generate(self, max_new_tokens: int) -> Turn:
+    def generate(self, max_new_tokens: int, deadline: float | None = None) -> Turn:
         from tidal.rollout import SamplingParams
 
         policy = self.policy
@@ -97,7 +101,14 @@ class LocalConversation:
                                 max_new_tokens=max(1, max_new_tokens), stop=list(policy.stop), seed=seed)
         context = len(self.token_ids)
         started = time.perf_counter()
-        result, first_token = policy.generate_timed(list(self.token_ids), params)
+        try:
+            result, first_token = policy.generate_timed(list(self.token_ids), params, deadline)
+        except TurnTimeout as error:
+            ids = error.token_ids
+            self.partial = policy.tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+            error.turn = Turn(self.partial, parse_tool_calls(self.partial), context, len(ids),
+                              time.perf_counter() - started, "timeout")
+            raise
         elapsed, cpu = time.perf_counter() - started, result.cpu_s  # the wait for the engine included
         completion = result.completions[0][0]
         self.turns += 1
@@ -120,9 +131,29 @@ class LocalConversation:
         self.logprobs += [0.0] * len(ids)
         self.messages.extend(answers)
 
+    def shrink(self, strategy: list[str] | tuple[str, ...]) -> str | None:
+        """One step of the overflow strategy (window.shrink); the prompt is then re-rendered from the
+        messages, so the episode is no longer token-in/token-out (the trace's `context_rewrites`
+        says where: `token_ids` holds the rewritten context from then on, its turns' mask 0)."""
+        from tidal.models import render_prompt
+
+        done = shrink(self.messages, self.opening, strategy)
+        if done is None:
+            return None
+        self.token_ids = render_prompt(self.policy.tokenizer, self.messages)
+        self.mask = [0] * len(self.token_ids)
+        self.logprobs = [0.0] * len(self.token_ids)
+        self.rewrites.append({"turn": self.turns, "change": done, "context_tokens": len(self.token_ids)})
+        return done
+
     def trace(self) -> dict[str, Any]:
-        return {"messages": self.messages, "prompt_ids": self.prompt_ids, "token_ids": self.token_ids,
-                "mask": self.mask, "logprobs": self.logprobs, "weight_versions": self.weight_versions}
+        trace = {"messages": self.messages, "prompt_ids": self.prompt_ids, "token_ids": self.token_ids,
+                 "mask": self.mask, "logprobs": self.logprobs, "weight_versions": self.weight_versions}
+        if self.rewrites:
+            trace["context_rewrites"] = self.rewrites
+        if self.partial:
+            trace["partial_turn"] = self.partial
+        return trace
 
 
 class LocalPolicy:
@@ -144,11 +175,14 @@ class LocalPolicy:
         self._lock = threading.Lock()
         self._batcher: Batcher | None = None
 
-    def generate(self, prompt: list[int], params: Any) -> JobResult:
-        """One completion of `prompt`, generated in the engine call of whichever turns are waiting."""
-        return self.generate_timed(prompt, params)[0]
+    def generate(self, prompt: list[int], params: Any, deadline: float | None = None) -> JobResult:
+        """One completion of `prompt`, generated in the engine call of whichever turns are waiting.
+        At `deadline` (time.monotonic()) the job is cancelled (the engine aborts it at its next
+        step) and `TurnTimeout` is raised, its `token_ids` the tokens sampled by then."""
+        return self.generate_timed(prompt, params, deadline)[0]
 
-    def generate_timed(self, prompt: list[int], params: Any) -> tuple[JobResult, float | None]:
+    def generate_timed(self, prompt: list[int], params: Any,
+                       deadline: float | None = None) -> tuple[JobResult, float | None]:
         """`generate`, and the seconds from submitting the turn to its first token (None: no token)."""
         from tidal.rollout.batcher import Batcher, Job
 
@@ -161,6 +195,7 @@ class LocalPolicy:
             batcher = self._batcher
         done = threading.Event()
         box: list[JobResult | BaseException] = []
+        sampled: list[int] = []
 
         def finish(result: JobResult | BaseException) -> None:
             box.append(result)
@@ -172,9 +207,15 @@ class LocalPolicy:
         def on_token(prompt_index: int, sample: int, token: int) -> None:
             if not first:  # time to first token: the wait for a batch slot and the prefill
                 first.append(time.perf_counter() - submitted)
+            sampled.append(token)
 
-        batcher.submit(Job([prompt], 1, params, on_token=on_token, on_done=finish))
-        done.wait()
+        job = Job([prompt], 1, params, on_done=finish, on_token=on_token)
+        batcher.submit(job)
+        if not done.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+            job.cancelled = True  # the worker drops or aborts it; its result, if any, is ignored
+            if not done.is_set():
+                raise TurnTimeout(f"{self.name}: the turn was cut at the deadline after {len(sampled)} tokens",
+                                  token_ids=sampled)
         if isinstance(box[0], BaseException):
             raise box[0]
         # An HTTP engine hands its tokens over after the whole request: no first-token time there.

@@ -23,6 +23,7 @@ from typing import Any
 from tidal.agent.protocol import Conversation, Message, Policy, Turn
 from tidal.agent.render import answer_messages, calls_offered, render_messages
 from tidal.agent.toolcall import format_tool_call, parse_tool_calls
+from tidal.agent.window import shrink
 from tidal.types import Task, is_multi_turn
 
 # The protocol is named here too, where the runner and the harness import it.
@@ -48,6 +49,7 @@ class ScriptedConversation:
 
     def __init__(self, messages: list[Message], outputs: Sequence[str], tools: list[dict[str, Any]]) -> None:
         self.messages = render_messages(messages, tools)
+        self.opening = len(self.messages)
         self.offered = [tool["function"]["name"] for tool in tools]
         self.outputs = list(outputs)
         self.turns = 0
@@ -70,6 +72,10 @@ class ScriptedConversation:
     def observe(self, turn: Turn, results: list[str]) -> None:
         calls = len(turn.parsed.calls) if calls_offered(turn.parsed, self.offered) else 0
         self.messages.extend(answer_messages(results, calls))
+
+    def shrink(self, strategy: Sequence[str]) -> str | None:
+        """One step of the overflow strategy (window.shrink) on the messages."""
+        return shrink(self.messages, self.opening, strategy)
 
     def trace(self) -> dict[str, Any]:
         return {"messages": self.messages}

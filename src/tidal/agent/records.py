@@ -52,6 +52,7 @@ class CallRecord:
     tool_s: float
     output_chars: int  # before truncation
     truncated: bool
+    summarized: bool = False  # the model read a summary of the output (context.Compression)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class StepRecord:
     text: str = ""  # the model's turn, cut to a preview
     calls: list[CallRecord] = field(default_factory=list)
     first_token_s: float | None = None  # time to first token (Turn.first_token_s); None: not measured
+    context_changes: list[str] = field(default_factory=list)  # what the overflow strategy freed before it
 
 
 @dataclass

@@ -11,11 +11,16 @@
               | infra_error | verifier_error
 
 An invalid turn runs none of its calls; the model is told what was wrong and the step counts
-against the budget. RL training and evaluation both call `run_episode`.
+against the budget. The wall time is a deadline inside the step too: commands are cut to what is
+left, and a turn is stopped there when its conversation takes a `deadline` (`TurnTimeout`: the
+episode ends `timeout` with the partial turn recorded). Before each turn the context-window rule
+(window.py) runs, locally by token count and served by the server's refusal, with the configured
+overflow strategy. RL training and evaluation both call `run_episode`.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import time
@@ -24,6 +29,7 @@ from dataclasses import dataclass, field
 from tidal.agent.acceptance import run_acceptance
 from tidal.agent.context import ContextPolicy
 from tidal.agent.policy import Conversation, Policy, Turn
+from tidal.agent.protocol import TurnTimeout
 from tidal.agent.records import (
     AgentOutcome,
     AgentResult,
@@ -39,6 +45,7 @@ from tidal.agent.tools import (
     get_tools,
     tool_schemas,
 )
+from tidal.agent.window import fits
 from tidal.errors import (
     EndpointAuthError,
     EndpointConfigError,
@@ -66,6 +73,8 @@ class AgentConfig:
     wall_time_s: float = 600.0  # the whole episode, acceptance tests excluded
     tool_timeout_s: float | None = None  # per command; None: the task's limits.timeout_s
     context: ContextPolicy = field(default_factory=ContextPolicy)
+    context_window: int | None = None  # the model's window in tokens (window.py); None: unknown, the
+    # server's refusal decides (an endpoint)
 
 
 def _check(parsed: ParsedTurn, tools: dict[str, ToolSpec]) -> tuple[CallValidity, str]:
@@ -132,26 +141,41 @@ def run_episode(task: Task, policy: Policy, backend: SandboxBackend, config: Age
                        answer, trace)
 
 
+class _ContextFull(Exception):
+    """The turn does not fit the context window and the overflow strategy has nothing left to free."""
+
+
 def _loop(conversation: Conversation, tools: dict[str, ToolSpec], context: ToolContext, config: AgentConfig,
           max_steps: int, started: float) -> tuple[Termination, str, str | None, list[StepRecord]]:
     steps: list[StepRecord] = []
+    deadline = started + config.wall_time_s
+    context.deadline = deadline  # every command is cut to what is left of the episode
+    timed = _takes_deadline(conversation)
     for index in range(max_steps):
-        if time.monotonic() - started >= config.wall_time_s:
+        if time.monotonic() >= deadline:
             return Termination.TIMEOUT, f"wall time {config.wall_time_s:g} s used up", None, _mark_recovery(steps)
         room = config.max_tokens - conversation.context_tokens
         if room <= 0:
             return Termination.TOKEN_LIMIT, f"context reached {config.max_tokens} tokens", None, _mark_recovery(steps)
         step_started = time.perf_counter()
+        changes: list[str] = []
         try:
-            turn = conversation.generate(min(config.max_new_tokens, room))
+            turn = _generate(conversation, min(config.max_new_tokens, room), config, deadline if timed else None,
+                             changes)
         except (EndpointAuthError, EndpointConfigError):
             raise
+        except TurnTimeout as error:
+            if error.turn is not None:
+                steps.append(_record(index, error.turn, _check(error.turn.parsed, tools), 0.0, step_started, [],
+                                     changes))
+            return (Termination.TIMEOUT, f"wall time {config.wall_time_s:g} s ran out during turn {index}: {error}",
+                    None, _mark_recovery(steps))
+        except _ContextFull as error:
+            return Termination.TOKEN_LIMIT, str(error), None, _mark_recovery(steps)
         except EndpointUnavailableError as error:
             return Termination.INFRA_ERROR, str(error), None, _mark_recovery(steps)
         except EndpointRequestError as error:
-            # A refusal for length is the context window's doing, not the model's.
-            stop = Termination.TOKEN_LIMIT if is_context_refusal(error) else Termination.AGENT_ERROR
-            return stop, str(error), None, _mark_recovery(steps)
+            return Termination.AGENT_ERROR, str(error), None, _mark_recovery(steps)
         validity, error_text = _check(turn.parsed, tools)
         calls: list[CallRecord] = []
         results: list[str] = []
@@ -163,17 +187,63 @@ def _loop(conversation: Conversation, tools: dict[str, ToolSpec], context: ToolC
                 return Termination.INFRA_ERROR, f"sandbox: {error}", None, _mark_recovery(steps)
         else:
             results = [f"error ({validity.value}): {error_text}"]
-        if not submitted:
+        out_of_time = not submitted and time.monotonic() >= deadline
+        if not submitted and not out_of_time:
             conversation.observe(turn, results)
-        wall = time.perf_counter() - step_started
-        steps.append(StepRecord(
-            index=index, tokens_in=turn.tokens_in, tokens_out=turn.tokens_out, generation_s=turn.generation_s,
-            tool_s=tool_s, overhead_s=max(0.0, wall - turn.generation_s - tool_s), validity=validity.value,
-            error=error_text, finish_reason=turn.finish_reason, cpu_s=turn.cpu_s, text=_preview(turn.text),
-            calls=calls, first_token_s=turn.first_token_s))
+        steps.append(_record(index, turn, (validity, error_text), tool_s, step_started, calls, changes))
         if submitted:
             return Termination.SUBMITTED, "", answer, _mark_recovery(steps)
+        if out_of_time:
+            return (Termination.TIMEOUT, f"wall time {config.wall_time_s:g} s ran out during the tools of turn {index}",
+                    None, _mark_recovery(steps))
     return Termination.STEP_LIMIT, f"{max_steps} steps used without submit", None, _mark_recovery(steps)
+
+
+def _record(index: int, turn: Turn, check: tuple[CallValidity, str], tool_s: float, step_started: float,
+            calls: list[CallRecord], changes: list[str]) -> StepRecord:
+    wall = time.perf_counter() - step_started
+    return StepRecord(
+        index=index, tokens_in=turn.tokens_in, tokens_out=turn.tokens_out, generation_s=turn.generation_s,
+        tool_s=tool_s, overhead_s=max(0.0, wall - turn.generation_s - tool_s), validity=check[0].value,
+        error=check[1], finish_reason=turn.finish_reason, cpu_s=turn.cpu_s, text=_preview(turn.text),
+        calls=calls, first_token_s=turn.first_token_s, context_changes=list(changes))
+
+
+def _takes_deadline(conversation: Conversation) -> bool:
+    """Whether the conversation's `generate` can stop a turn at a deadline (protocol.Conversation)."""
+    try:
+        return "deadline" in inspect.signature(conversation.generate).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _generate(conversation: Conversation, new_tokens: int, config: AgentConfig, deadline: float | None,
+              changes: list[str]) -> Turn:
+    """The next turn under the context-window policy (window.py): free room while the turn does
+    not fit the model's window (known locally), or when the server refuses the request for its
+    length (served), then generate; `_ContextFull` when the overflow strategy has nothing left."""
+    while True:
+        tokens = conversation.context_tokens
+        if not fits(tokens, new_tokens, config.context_window):
+            _free_room(conversation, config, changes, f"the prompt has {tokens} tokens and the turn may add "
+                       f"{new_tokens}: over the model's context window of {config.context_window}")
+            continue
+        try:
+            if deadline is not None:
+                return conversation.generate(new_tokens, deadline=deadline)  # type: ignore[call-arg]
+            return conversation.generate(new_tokens)
+        except EndpointRequestError as error:
+            if not is_context_refusal(error):  # a refusal for length is the window's doing, not the model's
+                raise
+            _free_room(conversation, config, changes, str(error))
+
+
+def _free_room(conversation: Conversation, config: AgentConfig, changes: list[str], why: str) -> None:
+    shrink = getattr(conversation, "shrink", None)
+    done = shrink(config.context.overflow) if shrink is not None and config.context.overflow else None
+    if done is None:
+        raise _ContextFull(why)
+    changes.append(done)
 
 
 def _run_calls(turn: Turn, tools: dict[str, ToolSpec], context: ToolContext, config: AgentConfig,
@@ -185,10 +255,10 @@ def _run_calls(turn: Turn, tools: dict[str, ToolSpec], context: ToolContext, con
         output = tools[call.name].run(context, call.arguments)
         spent = time.perf_counter() - began
         total += spent
-        text, truncated = config.context.observation(output.text)
+        text, truncated, summarized = config.context.compress(output.text)
         results.append(text)
         calls.append(CallRecord(call.name, _preview(json.dumps(call.arguments, ensure_ascii=False)), output.ok,
-                                spent, len(output.text), truncated))
+                                spent, len(output.text), truncated, summarized))
         if output.submitted:
             return True, output.answer, total
     return False, None, total

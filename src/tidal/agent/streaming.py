@@ -19,25 +19,35 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from tidal.agent.protocol import TurnTimeout
 from tidal.errors import EndpointUnavailableError
 
 MAX_STREAM_BYTES = 8 << 20
 
 
-def stream_chat(client: Any, body: dict[str, Any]) -> tuple[dict[str, Any], float | None]:
+def stream_chat(client: Any, body: dict[str, Any],
+                deadline: float | None = None) -> tuple[dict[str, Any], float | None]:
     """(the reply as a non-streamed request gives it, seconds to the first token or None), with the
-    client's quick retries of unavailable endpoints."""
+    client's quick retries of unavailable endpoints. With `deadline` (time.monotonic()) the socket
+    timeout is cut to what is left, the stream is abandoned when it passes, and no retry starts
+    after it: `TurnTimeout`, as `EndpointClient.chat` does."""
     for attempt in range(client.request_retries + 1):
+        timeout = client.timeout_s if deadline is None else min(client.timeout_s, deadline - time.monotonic())
+        if timeout <= 0:
+            raise TurnTimeout(f"{client.base_url}: the episode's wall time ran out before the reply")
         try:
-            return _stream_once(client, body)
+            return _stream_once(client, body, timeout, deadline)
         except EndpointUnavailableError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TurnTimeout(f"{client.base_url}: no reply before the episode's wall time ran out") from None
             if attempt == client.request_retries:
                 raise
             time.sleep(client.retry_delay_s * (2 ** attempt))
     raise AssertionError("unreachable")
 
 
-def _stream_once(client: Any, body: dict[str, Any]) -> tuple[dict[str, Any], float | None]:
+def _stream_once(client: Any, body: dict[str, Any], timeout_s: float,
+                 deadline: float | None) -> tuple[dict[str, Any], float | None]:
     from tidal.agent.endpoint import _http_error
 
     url = client.base_url + "/chat/completions"
@@ -49,11 +59,13 @@ def _stream_once(client: Any, body: dict[str, Any]) -> tuple[dict[str, Any], flo
     started = time.perf_counter()
     state = _Reply()
     try:
-        with urllib.request.urlopen(request, timeout=client.timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             if response.headers.get_content_type() == "application/json":
                 return _plain(response.read(MAX_STREAM_BYTES + 1), url), None
             read = 0
             for raw in response:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TurnTimeout(f"{url}: the stream was cut at the episode's wall time")
                 read += len(raw)
                 if read > MAX_STREAM_BYTES:
                     raise EndpointUnavailableError(f"{url}: stream over {MAX_STREAM_BYTES >> 20} MiB", url)

@@ -9,7 +9,8 @@ integer, number, boolean, array or object, `required`, `additionalProperties: fa
 `maxLength`), so a tool body only ever sees well-typed arguments.
 
 Every command runs in a fresh sandbox over the session's workspace (`SandboxSession.exec`): files
-persist between calls, processes do not. A tool's own failure (a command that exits 1, a file
+persist between calls, processes do not; its time limit is its own, cut to what is left of the
+episode's wall time (`ToolContext.command_timeout`), and it is killed at it. A tool's own failure (a command that exits 1, a file
 that does not exist) is a normal `ToolOutput` with `ok=False`: the model reads it and carries on.
 Only a sandbox that cannot start raises (`SandboxUnavailableError`), which the runner turns into
 an infra error.
@@ -17,6 +18,7 @@ an infra error.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +45,14 @@ class ToolContext:
     session: SandboxSession
     python: str
     timeout_s: float | None = None  # per command; None: the session's limits
+    deadline: float | None = None  # time.monotonic() at which the episode's wall time runs out
+
+    def command_timeout(self) -> float:
+        """A command's time limit: its own (or the session's), cut to what is left of the episode."""
+        own = self.timeout_s if self.timeout_s is not None else self.session.limits.timeout_s
+        if self.deadline is None:
+            return own
+        return max(0.001, min(own, self.deadline - time.monotonic()))
 
 
 @dataclass
@@ -141,7 +151,7 @@ def workspace_path(path: str) -> str:
 
 
 def _command_output(ctx: ToolContext, argv: list[str]) -> ToolOutput:
-    result = ctx.session.exec(argv, timeout_s=ctx.timeout_s)
+    result = ctx.session.exec(argv, timeout_s=ctx.command_timeout())
     parts = [result.stdout_text]
     if result.stderr:
         parts.append(("" if not result.stdout or result.stdout.endswith(b"\n") else "\n") + result.stderr_text)

@@ -30,6 +30,7 @@ from tidal.eval.report import (
     _tick_format,
     _title,
 )
+from tidal.eval.sweep import sweep_section
 from tidal.storage.run import atomic_writer
 
 SPLIT_COLORS = {"generation_s": "#4269d0", "tool_s": "#efb118", "overhead_s": "#9498a0"}
@@ -297,6 +298,7 @@ def render_eval_report(views: list[EvalView], report_dir: Path, title: str = "Ev
         f"<section><h2>Latency</h2>{_latency_chart(views)}</section>",
         _distribution_section(views),
         _quarantine_section(views),
+        sweep_section(views),  # the context-length sweep (eval/sweep.py), when the folder holds one
         *[_task_section(v, report_dir) for v in views],
     ]
     return ("<!doctype html><html><head><meta charset='utf-8'>"

@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tidal.agent.context import ContextPolicy
 from tidal.agent.policy import Policy
 from tidal.agent.records import AgentOutcome, AgentResult
-from tidal.agent.runner import AgentConfig, run_episode
+from tidal.agent.runner import run_episode
 from tidal.errors import EndpointAuthError, EndpointConfigError, EvalError
 from tidal.eval.answers import Answer, ScoreMany, answer_task, context_window
 from tidal.eval.index import compute_index, read_task_set, write_task_set
+from tidal.eval.layers import agent_config
 from tidal.eval.prices import cost_of, resolve_price
 from tidal.eval.settings import EvalSettings
 from tidal.eval.speed import speed_fields, step_fields
@@ -181,13 +181,6 @@ def _check_spec(out: Path, spec: dict[str, Any]) -> None:
     fsync_path(out)
 
 
-def agent_config(settings: EvalSettings) -> AgentConfig:
-    budgets = settings.budgets
-    return AgentConfig(max_steps=budgets.max_steps, max_tokens=budgets.max_tokens,
-                       max_new_tokens=budgets.max_new_tokens, wall_time_s=budgets.wall_time_s,
-                       context=ContextPolicy(max_observation_chars=budgets.max_observation_chars))
-
-
 def _write_quarantine(out: Path, tasks: Sequence[Task], quarantine: Mapping[str, list[str]]) -> None:
     """The tasks of this suite that this run skips, with their reasons (view_of leaves them out)."""
     skipped = [{"task_id": t.id, "domain": t.domain, "reasons": list(quarantine[t.id])}
@@ -220,7 +213,7 @@ def run_eval(policy: Policy, tasks: Sequence[Task], out: str | Path, backend: Sa
             if r.get("outcome") != AgentOutcome.INFRA_ERROR.value}
     work = [(task, epoch) for epoch in range(epochs) for task in tasks if (task.id, epoch) not in done]
     writer = _Writer(out / RESULTS)
-    config = agent_config(settings)
+    config = agent_config(settings, policy)  # prompt layers, compression, the context window (layers.py)
     window = context_window(policy)
     store = SessionStore()
     stop = threading.Event()

@@ -8,10 +8,17 @@ longest key that is a prefix of it, so `openai:gpt-4o` prices `openai:gpt-4o@htt
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from tidal.errors import ConfigError
 from tidal.eval.index import IndexConfig
@@ -37,6 +44,68 @@ class Budgets(_Section):
     max_new_tokens: int = Field(1024, ge=1, description="tokens per turn")
     wall_time_s: float = Field(600.0, gt=0, description="wall time of one episode (tests excluded)")
     max_observation_chars: int = Field(8000, ge=100, description="tool output shown to the model; longer is cut")
+
+
+def _existing(value: Path | None, info: ValidationInfo, or_folder: bool = False) -> Path | None:
+    """A path from the config, relative to the config file's folder (`base` in the validation
+    context) or else to the working directory; it must exist now, not when the eval reaches it."""
+    if value is None:
+        return None
+    base = (info.context or {}).get("base")
+    path = value if value.is_absolute() or base is None else Path(base) / value
+    if not path.exists():
+        raise ValueError(f"{path} does not exist")
+    if not (path.is_file() or (or_folder and path.is_dir())):
+        raise ValueError(f"{path} is not a file" + (" or a folder" if or_folder else ""))
+    return path
+
+
+class Retrieval(_Section):
+    """The retrieval layer: the documents most relevant to each task's prompt (BM25)."""
+
+    path: Path = Field(description="a text file (one document per paragraph) or a folder of text files")
+    top_k: int = Field(3, ge=1, le=50, description="documents put in each prompt")
+    max_chars: int = Field(2000, ge=100, description="of each document; longer is cut head and tail")
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, value: Path, info: ValidationInfo) -> Path:
+        return _existing(value, info, or_folder=True) or value
+
+
+class PromptLayers(_Section):
+    """The layers of an agent episode's prompt, in this order: system, memory, task, retrieval
+    (agent/context.py). Files are read when the eval starts; a missing one fails at load."""
+
+    system: str | None = Field(None, description="the system layer; null: the built-in agent instructions")
+    memory: str = Field("", description="standing notes given to every episode (text)")
+    memory_file: Path | None = Field(None, description="a file whose text is appended to memory")
+    retrieval: Retrieval | None = Field(None, description="documents retrieved into each prompt")
+
+    @field_validator("memory_file")
+    @classmethod
+    def _file_exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return _existing(value, info)
+
+
+class Observations(_Section):
+    """How a long tool output is shown to the model (agent/context.py)."""
+
+    head_fraction: float = Field(2 / 3, ge=0, le=1, description="share of the kept characters taken from the start")
+    summarize_over_chars: int | None = Field(None, ge=100, description=(
+        "summarise outputs longer than this with `summarizer` (null: only cut them to max_observation_chars)"))
+    summarizer: str = Field("same", description="the model that summarises: same (the evaluated one) or a model spec")
+    summary_max_tokens: int = Field(256, ge=16, description="tokens of a summary")
+    summary_input_chars: int = Field(16000, ge=100, description="of the output the summariser reads (head and tail)")
+
+
+class Context(_Section):
+    """The context window (agent/window.py)."""
+
+    context_length: int | None = Field(None, ge=64, description=(
+        "the window the episodes get, in tokens; null: the model's own (max_position_embeddings)"))
+    overflow: list[Literal["elide_observations", "drop_turns"]] = Field(default_factory=list, description=(
+        "what frees room, in order, when a turn does not fit; empty: the episode ends context_exceeded"))
 
 
 class Retries(_Section):
@@ -80,6 +149,9 @@ class EvalSettings(_Section):
     prices: dict[str, Price] = Field(default_factory=dict, description="model spec prefix -> price")
     checklist: Checklist = Field(default_factory=Checklist)
     index: IndexConfig = Field(default_factory=IndexConfig, description="intelligence index: categories, weights, bootstrap")
+    prompt: PromptLayers = Field(default_factory=PromptLayers)
+    observations: Observations = Field(default_factory=Observations)
+    context: Context = Field(default_factory=Context)
 
     def price(self, model: str) -> Price:
         keys = [k for k in self.prices if model.startswith(k)]
@@ -98,7 +170,7 @@ def load_eval_settings(path: str | Path | None) -> EvalSettings:
     if not isinstance(data, dict):
         raise ConfigError(["(root): an eval config is a mapping"], source=str(path))
     try:
-        return EvalSettings.model_validate(data)
+        return EvalSettings.model_validate(data, context={"base": path.parent})
     except ValidationError as error:
         from tidal.config.load import format_validation_error
 
