@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from tidal.agent.http_errors import http_error
 from tidal.agent.protocol import Message, Turn, TurnTimeout
 from tidal.agent.render import answer_messages
 from tidal.agent.toolcall import (
@@ -35,10 +36,7 @@ from tidal.agent.toolcall import (
 )
 from tidal.agent.window import shrink
 from tidal.errors import (
-    EndpointAuthError,
     EndpointConfigError,
-    EndpointError,
-    EndpointRequestError,
     EndpointUnavailableError,
 )
 from tidal.types import Task
@@ -91,7 +89,7 @@ class EndpointClient:
             with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as response:
                 data = response.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as error:
-            raise _http_error(url, error) from None
+            raise http_error(url, error) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as error:
             reason = getattr(error, "reason", error)
             raise EndpointUnavailableError(f"{url}: cannot reach the endpoint ({reason}); is the server up "
@@ -105,22 +103,6 @@ class EndpointClient:
         if not isinstance(parsed, dict):
             raise EndpointUnavailableError(f"{url}: the response is not a JSON object", url)
         return parsed
-
-
-def _http_error(url: str, error: urllib.error.HTTPError) -> EndpointError:
-    try:
-        detail = error.read(2000).decode("utf-8", errors="replace").strip()
-    except OSError:
-        detail = ""
-    status = error.code
-    text = f"{url}: HTTP {status}" + (f": {detail[:500]}" if detail else "")
-    if status in (401, 403):
-        return EndpointAuthError(text + "; check the API key (the variable named by api_key_env)", url, status)
-    if status == 404:
-        return EndpointConfigError(text + "; check the model name and that the base URL ends in /v1", url, status)
-    if status in (400, 413, 422):
-        return EndpointRequestError(text, url, status)
-    return EndpointUnavailableError(text, url, status)  # 408, 429, 5xx and the rest: try again later
 
 
 def parse_reply(reply: dict[str, Any], url: str) -> tuple[str, ParsedTurn, list[str], str, dict[str, Any]]:

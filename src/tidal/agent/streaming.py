@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from tidal.agent.http_errors import http_error
 from tidal.agent.protocol import TurnTimeout
 from tidal.errors import EndpointUnavailableError
 
@@ -48,8 +49,6 @@ def stream_chat(client: Any, body: dict[str, Any],
 
 def _stream_once(client: Any, body: dict[str, Any], timeout_s: float,
                  deadline: float | None) -> tuple[dict[str, Any], float | None]:
-    from tidal.agent.endpoint import _http_error
-
     url = client.base_url + "/chat/completions"
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if client.api_key:
@@ -74,7 +73,7 @@ def _stream_once(client: Any, body: dict[str, Any], timeout_s: float,
                 if state.done:
                     break
     except urllib.error.HTTPError as error:
-        raise _http_error(url, error) from None
+        raise http_error(url, error) from None
     except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
         reason = getattr(error, "reason", error)
         raise EndpointUnavailableError(f"{url}: the stream broke off ({reason})", url) from None

@@ -19,6 +19,7 @@ from typing import Any
 from tidal.eval.index_report import index_section
 from tidal.eval.report import (
     CSS,
+    EXTRA_CSS,
     PALETTE,
     _e,
     _error_bar,
@@ -30,32 +31,10 @@ from tidal.eval.report import (
     _tick_format,
     _title,
 )
-from tidal.eval.sweep import sweep_section
+from tidal.eval.sweep_report import sweep_section
 from tidal.storage.run import atomic_writer
 
 SPLIT_COLORS = {"generation_s": "#4269d0", "tool_s": "#efb118", "overhead_s": "#9498a0"}
-# The base CSS keeps cells on one line (nowrap) for the run report's numeric tables; the eval
-# tables hold long task ids, sentences and link lists, so here cells wrap, the first column keeps a
-# readable width, long tokens break anywhere, and a table wider than its card scrolls inside it
-# (`.scroll`) instead of pushing the page wider than the viewport.
-EXTRA_CSS = """
-.scroll { overflow-x:auto; max-width:100%; margin:0 0 12px; }
-table { border-collapse:collapse; width:100%; font-size:13px; table-layout:auto; }
-th, td { border-bottom:1px solid var(--line); padding:4px 8px; text-align:left; vertical-align:top;
-  white-space:normal; overflow-wrap:break-word; word-break:normal; }
-th:first-child, td:first-child { min-width:11em; max-width:28em; overflow-wrap:anywhere; }
-th { text-transform:none; letter-spacing:0; }
-td.links { min-width:12em; overflow-wrap:anywhere; word-break:break-word; }
-td.links a { display:inline-block; max-width:100%; overflow-wrap:anywhere; margin-right:6px; }
-td.num { white-space:nowrap; text-align:right; }
-.ok { color:#1a7f37; font-weight:600; } .bad { color:#cf222e; font-weight:600; } .na { color:#6b7280; }
-.legend span { margin-right:14px; } .legend i { display:inline-block; width:10px; height:10px; margin-right:4px; }
-h3 { overflow-wrap:anywhere; } .sub { overflow-wrap:anywhere; }
-svg { max-width:100%; }
-svg text { font-size:11px; fill:#374151; } svg text.title { font-size:13px; font-weight:600; }
-"""
-
-
 @dataclass
 class EvalView:
     """One eval as the report shows it."""

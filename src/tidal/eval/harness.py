@@ -44,6 +44,14 @@ from tidal.eval.answers import Answer, ScoreMany, answer_task, context_window
 from tidal.eval.index import compute_index, read_task_set, write_task_set
 from tidal.eval.layers import agent_config
 from tidal.eval.prices import cost_of, resolve_price
+from tidal.eval.results import (
+    QUARANTINE,
+    RESULTS,
+    SPEC,
+    TRACES,
+    latest_records,
+    read_results,
+)
 from tidal.eval.settings import EvalSettings
 from tidal.eval.speed import speed_fields, step_fields
 from tidal.sandbox.base import SandboxBackend
@@ -52,12 +60,6 @@ from tidal.storage.run import dumps, fsync_path
 from tidal.types import Task, is_multi_turn
 
 logger = logging.getLogger(__name__)
-RESULTS = "results.jsonl"
-SPEC = "eval.json"
-QUARANTINE = "quarantine.json"
-TRACES = "traces"
-
-
 @dataclass
 class EvalRun:
     """What `run_eval` did: every record of the folder, and how many were run now."""
@@ -66,32 +68,6 @@ class EvalRun:
     records: list[dict[str, Any]]
     ran: int
     skipped: int
-
-
-def read_results(path: Path) -> list[dict[str, Any]]:
-    """The records of a results file; a torn or garbled line (a kill mid-write) is skipped."""
-    if not path.is_file():
-        return []
-    records = []
-    for number, line in enumerate(path.read_bytes().split(b"\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            logger.warning("%s:%d: unreadable line skipped (a write cut short)", path, number)
-            continue
-        if isinstance(record, dict) and "task_id" in record and "epoch" in record:
-            records.append(record)
-    return records
-
-
-def latest_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per (task, epoch): the last one written (a retried infra error is replaced)."""
-    last: dict[tuple[str, int], dict[str, Any]] = {}
-    for record in records:
-        last[(record["task_id"], int(record["epoch"]))] = record
-    return list(last.values())
 
 
 def _trace_name(task_id: str, epoch: int) -> str:

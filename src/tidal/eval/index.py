@@ -298,7 +298,7 @@ def parse_version(spec: str) -> tuple[Path, str]:
 
 def load_version(spec: str) -> Version:
     """An eval folder's records (latest per task and epoch, quarantined tasks left out) and task set."""
-    from tidal.eval.harness import QUARANTINE, RESULTS, latest_records, read_results
+    from tidal.eval.results import QUARANTINE, RESULTS, latest_records, read_results
 
     folder, label = parse_version(spec)
     if not (folder / RESULTS).is_file():

@@ -15,6 +15,7 @@ from typing import Any
 from tidal.eval.report import (
     CSP,
     CSS,
+    EXTRA_CSS,
     PALETTE,
     _e,
     _error_bar,
@@ -128,7 +129,6 @@ def _version_table(result: dict[str, Any]) -> str:
 
 def render_index_page(result: dict[str, Any]) -> str:
     """index.html: the version table, the paired differences and the trend plot."""
-    from tidal.eval.eval_report import EXTRA_CSS
 
     note = (f"task set {_e(result['task_set'])}; bootstrap B = {result['bootstrap']}, seed {result['seed']}: tasks "
             "resampled with replacement within each category, all epochs of a task together. Scores in points (0–100).")
