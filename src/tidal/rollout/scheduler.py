@@ -157,7 +157,7 @@ class Scheduler:
         drafting = [s for s in decoding if s.drafts]
         verified = self._verify(decoding, logits) if drafting else []
         if drafting:  # the plain rows' logits, then the finishing prefills'
-            logits = logits[torch.tensor(_plain_rows(decoding, logits.shape[0]), device=logits.device)]
+            logits = logits[torch.tensor(_plain_rows(decoding, logits.shape[0]), dtype=torch.long, device=logits.device)]
             decoding = [s for s in decoding if not s.drafts]
         for sequence in (*decoding, *drafting):
             self._computed(sequence, sequence.computed + 1)

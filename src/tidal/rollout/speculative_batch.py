@@ -128,12 +128,9 @@ def verify_rows(
     index = torch.arange(rows, device=device)
     final = probs[index, accepted].clone()  # (B, V): p where the kept drafts end
     rejected = accepted < lengths
-    if bool(rejected.any()):  # p with the rejected draft removed (max(0, p - delta_x)), renormalised
+    if bool(rejected.any()):
         rejected_token = padded[index, accepted.clamp(max=padded.shape[1] - 1)]
-        removed = final.clone()
-        removed[index, rejected_token] = 0.0
-        usable = rejected & (removed.sum(dim=-1) > 0)  # all zero only where p(x) was 1: then x is never rejected
-        final = torch.where(usable[:, None], removed, final)
+        final = torch.where(rejected[:, None], residual(final, rejected_token), final)
     last_uniform = uniforms[index, lengths]  # each row's own last uniform
     last = _inverse_cdf(final, last_uniform)
     last = torch.where(greedy, final.argmax(dim=-1), last)
@@ -144,6 +141,15 @@ def verify_rows(
     tokens, values = emitted.tolist(), reported.tolist()
     return RowVerdicts(accepted.tolist(), [t[:c] for t, c in zip(tokens, counts)],
                        [v[:c] for v, c in zip(values, counts)])
+
+
+def residual(p: Tensor, rejected: Tensor) -> Tensor:
+    """After rejecting the point-mass draft x of each row: max(0, p - delta_x) = p with x removed
+    (unnormalised; the inverse-CDF draw normalises), (B, V). Where that is all zero (p(x) was 1, so
+    a rejection had probability 0 and only rounding made one) it is p."""
+    removed = p.clone()
+    removed[torch.arange(p.shape[0], device=p.device), rejected] = 0.0
+    return torch.where(removed.sum(dim=-1, keepdim=True) > 0, removed, p)
 
 
 def _row_uniforms(generators: Sequence[torch.Generator | None], shared: torch.Generator, lengths: list[int],
