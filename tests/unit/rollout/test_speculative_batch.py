@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_speculative import ALPHA, VOCAB, _exact_three_tokens, _peaked, _target_logits, chi_square_p_value
+from test_speculative import (
+    ALPHA,
+    VOCAB,
+    _exact_three_tokens,
+    _peaked,
+    _target_logits,
+    chi_square_p_value,
+)
 
-from tidal.config.schema import RolloutConfig, TidalConfig
+from tidal.config.schema import ModelConfig, RolloutConfig, TidalConfig
 from tidal.models import LoadedModel, load_model
-from tidal.config.schema import ModelConfig
 from tidal.rollout import EmbeddedEngine, SamplingParams, speculative_batch
 from tidal.rollout.engine import Request
 from tidal.rollout.speculative import Sampling
