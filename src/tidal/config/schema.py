@@ -649,9 +649,9 @@ class TidalConfig(Section):
     def _http_engine_supported(self) -> TidalConfig:
         if self.rollout.engine != "http":
             return self
-        if self.pipeline.mode != "sync":
-            raise ValueError("rollout.engine=http runs with pipeline.mode=sync only (async rollout workers on an "
-                             "HTTP server are not built yet)")
+        if self.pipeline.mode != "sync" and self.pipeline.backend != "local":
+            raise ValueError("rollout.engine=http runs with pipeline.mode=sync, or async with pipeline.backend=local "
+                             "(the rollout worker drives the server from this process)")
         if self.merge.weight < 1:
             raise ValueError("rollout.engine=http cannot evaluate a merged policy yet (merge.weight < 1): the "
                              "server would have to be sent the merged weights and back; set merge.weight=1")
