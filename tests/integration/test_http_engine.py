@@ -212,10 +212,6 @@ def test_async_training_through_the_server(served: Served, tmp_path: Path) -> No
     assert steps[-1]["http/reloads"] >= 3  # version 0 at the start, then the trainer's publications
     final = load_model(ModelConfig(path=str(run / "checkpoints/rl/step-000003/model"), device="cpu"), torch.device("cpu"))  # type: ignore[arg-type]
     assert _server_weights(served) == {"object": "weights", "version": 3, "checksum": state_checksum(final.model.state_dict())}
-    versions = [
-        (json.loads(line)["step"], json.loads(line)["weight_version"])
-        for line in (run / "trajectories.jsonl").read_text().splitlines() if '"weight_version"' in line
-    ]
-    assert versions and all(step - 1 - version <= 1 for step, version in versions)
+    assert all(row["staleness_max"] <= 1 for row in steps)  # sampled at most max_staleness updates back
     assert json.loads((run / "state.json").read_text())["done"] is True
     _reset(served, *_local(served))

@@ -122,7 +122,8 @@ class LocalBackend:
     def start(self, parts: LoopParts) -> Workers:
         pipeline = parts.config.pipeline
         trainer_threads = threads = None
-        if parts.engine.device.type == "cpu":  # set even when torch's: a new thread takes the last count set anywhere
+        if parts.trainer.device.type == "cpu" and not parts.engine_holds_copy:  # a server's workers compute elsewhere
+            # set even when torch's: a new thread takes the last count set anywhere
             trainer_threads, threads = cpu_thread_split(
                 torch.get_num_threads(), pipeline.rollout_workers, pipeline.rollout_threads, pipeline.trainer_threads
             )
