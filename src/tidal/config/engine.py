@@ -72,6 +72,7 @@ class SpeculativeConfig(BaseModel):
     max_n: int = Field(4, ge=1, le=64, description="ngram: longest n-gram looked up")
     min_n: int = Field(2, ge=1, le=64, description="ngram: shortest n-gram looked up")
     min_match: int = Field(2, ge=1, le=64, description="suffix: shortest repeat that drafts")
+    learn: bool = Field(True, description="suffix: add each finished completion to the corpus drafts are matched in")
 
     @model_validator(mode="after")
     def _n_order(self) -> SpeculativeConfig:

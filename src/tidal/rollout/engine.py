@@ -363,7 +363,8 @@ def _speculation(rollout: RolloutConfig) -> Speculation | None:
     spec = getattr(rollout, "speculative", None)
     if spec is None:
         return None
-    return Speculation(method=spec.method, k=spec.k, max_n=spec.max_n, min_n=spec.min_n, min_match=spec.min_match)
+    return Speculation(method=spec.method, k=spec.k, max_n=spec.max_n, min_n=spec.min_n, min_match=spec.min_match,
+                       learn=spec.learn)
 
 
 def _bind(on_token: TokenCallback, prompt: int) -> Callable[[int, int], None]:

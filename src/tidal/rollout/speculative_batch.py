@@ -38,13 +38,15 @@ METHODS = ("ngram", "suffix")
 class Speculation:
     """How rows draft: `method` ngram (prompt lookup of the longest earlier n-gram, n = max_n..min_n)
     or suffix (the longest earlier repeat of any length, `min_match` tokens at least, in the row and
-    in a corpus of earlier completions); up to `k` drafts per row and step."""
+    in a corpus of the engine's earlier completions when `learn`: a group's later samples and
+    later steps draft from what it generated before); up to `k` drafts per row and step."""
 
     method: str = "ngram"
     k: int = 4
     max_n: int = 4
     min_n: int = 2
     min_match: int = 2
+    learn: bool = True
 
     def __post_init__(self) -> None:
         problems = []
@@ -63,7 +65,7 @@ class Speculation:
         """A fresh drafter (each engine its own: the suffix drafter's corpus is per engine)."""
         if self.method == "ngram":
             return NGramDrafter(self.max_n, self.min_n)
-        return SuffixDrafter(self.min_match)
+        return SuffixDrafter(self.min_match, learn=self.learn)
 
 
 @dataclass
