@@ -191,3 +191,27 @@ def test_smoke_training_through_the_server(served: Served, tmp_path: Path) -> No
     final = load_model(ModelConfig(path=str(run / "checkpoints/rl/step-000002/model"), device="cpu"), torch.device("cpu"))  # type: ignore[arg-type]
     assert _server_weights(served) == {"object": "weights", "version": 2, "checksum": state_checksum(final.model.state_dict())}
     assert json.loads((run / "state.json").read_text())["done"] is True
+
+
+def test_async_training_through_the_server(served: Served, tmp_path: Path) -> None:
+    """`pipeline.mode=async` with rollout.engine=http: the rollout worker generates on the server
+    ahead of the trainer and reloads each publication it is handed there (verified by checksum
+    and canary), the trainer's own publications for evaluation go to the same server, and the run
+    ends with the server holding the final weights. Every trained completion's weight version is
+    within the staleness bound of the step that trained it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    command = [sys.executable, "-m", "tidal.cli", "train", str(ROOT / "configs/smoke.yaml"), "rollout.engine=http",
+               f"rollout.http.base_url={served.url}", f"rollout.http.model={served.model_id}", f"run.dir={tmp_path}",
+               "pipeline.mode=async", "algorithm.max_staleness=1", "trainer.steps=3"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    run = next(tmp_path.iterdir())
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in rows if row.get("phase") == "rl"]
+    assert [row["step"] for row in steps] == [1, 2, 3] and steps[-1]["http/failures"] == 0
+    assert steps[-1]["http/reloads"] >= 3  # version 0 at the start, then the trainer's publications
+    final = load_model(ModelConfig(path=str(run / "checkpoints/rl/step-000003/model"), device="cpu"), torch.device("cpu"))  # type: ignore[arg-type]
+    assert _server_weights(served) == {"object": "weights", "version": 3, "checksum": state_checksum(final.model.state_dict())}
+    assert all(row["staleness_max"] <= 1 for row in steps)  # sampled at most max_staleness updates back
+    assert json.loads((run / "state.json").read_text())["done"] is True
+    _reset(served, *_local(served))

@@ -8,7 +8,7 @@ import os
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class HttpEngineConfig(BaseModel):
@@ -55,3 +55,27 @@ class HttpEngineConfig(BaseModel):
         if value is not None and not os.environ.get(value):
             raise ValueError(f"the environment variable {value} is not set (it should hold the server's API key)")
         return value
+
+
+class SpeculativeConfig(BaseModel):
+    """`rollout.speculative`: speculative decoding inside the embedded engine's batch, drafting with
+    no second model (rollout/speculative_batch.py; docs/design/speculative.md). Every emitted token
+    keeps the policy's sampling distribution and carries its logprob."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    method: Literal["ngram", "suffix"] = Field(
+        "ngram", description="ngram: prompt lookup of the longest earlier n-gram (n = max_n..min_n) | suffix: the "
+        "longest earlier repeat of any length, in the row and in earlier completions"
+    )
+    k: int = Field(4, ge=1, le=64, description="draft tokens per row and engine step at most")
+    max_n: int = Field(4, ge=1, le=64, description="ngram: longest n-gram looked up")
+    min_n: int = Field(2, ge=1, le=64, description="ngram: shortest n-gram looked up")
+    min_match: int = Field(2, ge=1, le=64, description="suffix: shortest repeat that drafts")
+    learn: bool = Field(True, description="suffix: add each finished completion to the corpus drafts are matched in")
+
+    @model_validator(mode="after")
+    def _n_order(self) -> SpeculativeConfig:
+        if self.min_n > self.max_n:
+            raise ValueError(f"rollout.speculative: min_n={self.min_n} must be <= max_n={self.max_n}")
+        return self

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tidal.config.engine import HttpEngineConfig
+from tidal.config.engine import HttpEngineConfig, SpeculativeConfig
 from tidal.config.guard import DebugConfig, GuardConfig, TelemetryConfig
 from tidal.config.scale import LoraConfig, ParallelConfig, check_world_size
 from tidal.domains.adaptive import AdaptiveWeightsConfig
@@ -92,11 +92,17 @@ class RolloutConfig(Section):
         "OpenAI-compatible server (`rollout.http`), weights published through its reload endpoint"
     )
     http: HttpEngineConfig | None = Field(None, description="engine: http: the server (config/engine.py)")
+    speculative: SpeculativeConfig | None = Field(
+        None, description="speculative decoding in the embedded engine's batch (config/engine.py); None: plain decoding"
+    )
 
     @model_validator(mode="after")
     def _http_has_server(self) -> RolloutConfig:
         if self.engine == "http" and self.http is None:
             raise ValueError("rollout.engine is http but rollout.http is not set: give its base_url and model")
+        if self.engine == "http" and self.speculative is not None:
+            raise ValueError("rollout.speculative applies to the embedded engine; with rollout.engine=http the "
+                             "server decides how it decodes: remove rollout.speculative")
         return self
 
 
@@ -643,9 +649,9 @@ class TidalConfig(Section):
     def _http_engine_supported(self) -> TidalConfig:
         if self.rollout.engine != "http":
             return self
-        if self.pipeline.mode != "sync":
-            raise ValueError("rollout.engine=http runs with pipeline.mode=sync only (async rollout workers on an "
-                             "HTTP server are not built yet)")
+        if self.pipeline.mode != "sync" and self.pipeline.backend != "local":
+            raise ValueError("rollout.engine=http runs with pipeline.mode=sync, or async with pipeline.backend=local "
+                             "(the rollout worker drives the server from this process)")
         if self.merge.weight < 1:
             raise ValueError("rollout.engine=http cannot evaluate a merged policy yet (merge.weight < 1): the "
                              "server would have to be sent the merged weights and back; set merge.weight=1")

@@ -44,6 +44,7 @@ from tidal.pipeline.stages import (
     store_groups,
 )
 from tidal.pipeline.weights import Publication, WeightChannel, canary_ids, publish
+from tidal.rollout.protocol import ReportsMetrics
 from tidal.storage.store import TrajectoryStore
 from tidal.types import Group, Task
 
@@ -413,6 +414,9 @@ class AsyncSource:
         out.update({f"restarts/{kind}": n for kind, n in self.workers.restarts().items()})
         out.update(self.scheduler.metrics())
         out.update(self.scoring.metrics())
+        engine = self.parts.engine
+        if self.parts.engine_holds_copy and isinstance(engine, ReportsMetrics):  # the workers' server (http)
+            out.update(engine.run_metrics())
         return out
 
     def hold(self, priority: int, name: str) -> contextlib.AbstractContextManager[None]:

@@ -36,6 +36,8 @@ from tidal.rollout.sampling import (
     eos_ids,
 )
 from tidal.rollout.scheduler import KVPoolTooSmall, Request, RequestHandle, Scheduler
+from tidal.rollout.speculative import SpeculativeStats
+from tidal.rollout.speculative_batch import BatchSpeculation, Speculation
 from tidal.types import Completion
 
 if TYPE_CHECKING:
@@ -69,7 +71,9 @@ class EmbeddedEngine:
     contiguous copy of the decoding rows' blocks, kept in place) or "gather" (the blocks gathered
     at every step), see rollout/paged.py; `dtype`: "model" (its own), "float32", "bfloat16" or
     "auto" (bfloat16 where it measures faster here; the sampler's logprobs are then bf16's, and
-    the trainer takes them as the behaviour policy's as they are). Other architectures:
+    the trainer takes them as the behaviour policy's as they are); `speculative`: rows draft tokens
+    by prompt lookup and verify them in the batch's forward (rollout/speculative_batch.py; the
+    samples keep the target distribution, `speculative_stats` counts drafts). Other architectures:
     `tidal.rollout.static.StaticEngine`.
     """
 
@@ -85,6 +89,7 @@ class EmbeddedEngine:
         prefix_cache: bool = True,
         decode_attention: str = "view",
         dtype: str = "model",
+        speculative: Speculation | None = None,
     ) -> None:
         problems = []
         if max_batch_rows is not None and max_batch_rows < 1:
@@ -117,7 +122,8 @@ class EmbeddedEngine:
         self.max_batch_rows = max_batch_rows
         # What an engine on a copy of this model is built with (the pipeline's backends).
         self.options = {"kv_block_size": kv_block_size, "kv_blocks": kv_blocks, "prefill_chunk": prefill_chunk,
-                        "prefix_cache": prefix_cache, "decode_attention": decode_attention, "dtype": dtype}
+                        "prefix_cache": prefix_cache, "decode_attention": decode_attention, "dtype": dtype,
+                        "speculative": speculative}
         self._version = 0
         self.eos_ids = eos_ids(model, tokenizer)
         self.dtype = _pick_dtype(model, dtype)
@@ -130,7 +136,9 @@ class EmbeddedEngine:
         view = DecodeView(layers, kv_heads, head_dim, dtype, model_device) if decode_attention == "view" else None
         shared = torch.Generator(device=model_device)
         shared.seed()
-        self._scheduler = Scheduler(self.pool, view, max_batch_rows, prefill_chunk, self.eos_ids, tokenizer, shared)
+        self._speculation = None if speculative is None else BatchSpeculation(speculative)
+        self._scheduler = Scheduler(self.pool, view, max_batch_rows, prefill_chunk, self.eos_ids, tokenizer, shared,
+                                    self._speculation)
         self._lock = threading.RLock()  # one driver at a time: generate() and the batcher's step()
 
     @classmethod
@@ -139,7 +147,7 @@ class EmbeddedEngine:
         """The engine `rollout` (the config's `rollout` section) describes."""
         return cls(model, tokenizer, device, max_batch_rows, kv_block_size=rollout.kv_block_size,
                    kv_blocks=rollout.kv_blocks, prefill_chunk=rollout.prefill_chunk, prefix_cache=rollout.prefix_cache,
-                   dtype=rollout.engine_dtype)
+                   dtype=rollout.engine_dtype, speculative=_speculation(rollout))
 
     @property
     def weight_version(self) -> int:
@@ -158,16 +166,27 @@ class EmbeddedEngine:
         """Prompt tokens, cached/forked/recomputed tokens, preemptions and hit rates since the start."""
         return self.pool.stats
 
+    @property
+    def speculative_stats(self) -> SpeculativeStats | None:
+        """Drafted, accepted and emitted tokens and verify rounds since the start (None: no speculation)."""
+        return None if self._speculation is None else self._speculation.stats
+
     def run_metrics(self) -> dict[str, float]:
-        """The prefix-cache and preemption counts as `engine/...` columns of the run's metrics rows."""
+        """The prefix-cache and preemption counts as `engine/...` columns of the run's metrics rows,
+        and with speculative decoding its `spec/...` counts."""
         stats = self.pool.stats
-        return {
+        metrics = {
             "engine/prompt_tokens": stats.prompt_tokens,
             "engine/prefix_hit_rate": stats.prefix_hit_rate,
             "engine/reuse_rate": stats.hit_rate,
             "engine/recomputed_tokens": stats.recomputed_tokens,
             "engine/preemptions": stats.preemptions,
         }
+        if self._speculation is not None:
+            spec = self._speculation.stats
+            metrics.update({"spec/drafted": spec.drafted, "spec/accepted": spec.accepted,
+                            "spec/acceptance_rate": spec.acceptance_rate, "spec/tokens_per_pass": spec.tokens_per_pass})
+        return metrics
 
     # ---------------------------------------------------------------- weights
 
@@ -337,6 +356,15 @@ class EmbeddedEngine:
 
     def _forward(self, step: StepInput) -> Tensor:
         return self._forward_pass.forward(step, self.pool, self._scheduler.view)
+
+
+def _speculation(rollout: RolloutConfig) -> Speculation | None:
+    """`rollout.speculative` as the engine's options (None: plain decoding)."""
+    spec = getattr(rollout, "speculative", None)
+    if spec is None:
+        return None
+    return Speculation(method=spec.method, k=spec.k, max_n=spec.max_n, min_n=spec.min_n, min_match=spec.min_match,
+                       learn=spec.learn)
 
 
 def _bind(on_token: TokenCallback, prompt: int) -> Callable[[int, int], None]:

@@ -23,10 +23,16 @@ sequence (`prompt_logprobs: 0`), which is how the trainer's canary check runs ag
 server. `cancel` is looked at before each request and while waiting: once set, no new request
 goes out and `PreemptedError` is raised (requests already sent finish on the server; their
 results are dropped).
+
+Shared by threads (the async loop's rollout worker generating, the trainer's thread publishing
+for evaluation): a reload waits until the generations in flight from this engine are answered,
+and none starts while it runs (`_Gate`), so no completion is sampled across a weight change; a
+reload of the version and checksum the server already holds from this engine is skipped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -36,6 +42,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +94,9 @@ class HttpEngine:
         self.weight_version = UNLOADED  # until a publication is loaded (the server may report its own)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
-        self._stats = {"requests": 0, "retries": 0, "failures": 0}
+        self._stats = {"requests": 0, "retries": 0, "failures": 0, "reloads": 0, "reloads_skipped": 0}
+        self._gate = _Gate()
+        self._loaded: tuple[int, str] | None = None  # (version, checksum) this engine last loaded
 
     # ---------------------------------------------------------------- RolloutEngine
 
@@ -114,10 +123,11 @@ class HttpEngine:
         size = self.config.prompts_per_request
         chunks = [prompts[start : start + size] for start in range(0, len(prompts), size)]
         bodies = [self._generation_body(chunk, n, params, index) for index, chunk in enumerate(chunks)]
-        answers = self._run_all([lambda body=body: self._post("/completions", body, cancel) for body in bodies], cancel)
         out: list[list[Completion]] = []
-        for chunk, answer in zip(chunks, answers):
-            out += self._completions(answer, chunk, n, params)
+        with self._gate.shared():  # no reload from this engine while its requests are out
+            answers = self._run_all([lambda body=body: self._post("/completions", body, cancel) for body in bodies], cancel)
+            for chunk, answer in zip(chunks, answers):
+                out += self._completions(answer, chunk, n, params)
         if on_token is not None:
             for p, group in enumerate(out):
                 for s, completion in enumerate(group):
@@ -138,8 +148,20 @@ class HttpEngine:
     # ---------------------------------------------------------------- LoadsWeights
 
     def load_weights(self, state: dict[str, Tensor], version: int, checksum: str) -> None:
-        """POST /weights: the server loads `state`, verifies `checksum` and reports `version`."""
+        """POST /weights: the server loads `state`, verifies `checksum` and reports `version`;
+        after the generations in flight are answered, and skipped when it is what this engine
+        loaded last (the canary check that follows still asks the server)."""
+        with self._gate.exclusive():
+            if self._loaded == (version, checksum) and self.weight_version == version:
+                self._count("reloads_skipped")
+                return
+            self._load(state, version, checksum)
+            self._loaded = (version, checksum)
+            self._count("reloads")
+
+    def _load(self, state: dict[str, Tensor], version: int, checksum: str) -> None:
         self.weight_version = UNLOADED
+        self._loaded = None
         config = self.config
         if config.weight_transfer == "disk":
             folder = self._write_folder(state, version)
@@ -166,7 +188,8 @@ class HttpEngine:
             raise ValueError("sequence_logprobs needs at least two tokens (the first has no logprob)")
         body = {"model": self.config.model, "prompt": [list(ids)], "max_tokens": 1, "temperature": 1.0,
                 "prompt_logprobs": 0, "n": 1}
-        answer = self._post("/completions", body, None)
+        with self._gate.shared():  # not across a reload from another thread
+            answer = self._post("/completions", body, None)
         choices = answer.get("choices") if isinstance(answer, dict) else None
         if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
             raise self._malformed("a prompt-logprobs answer needs exactly one choice")
@@ -378,6 +401,43 @@ class HttpEngine:
         for folder in self.weights_dir.glob("v*"):
             if folder.is_dir() and folder.name != f"v{keep:08d}":
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+class _Gate:
+    """Readers-writer gate: many `shared` holders (generations) or one `exclusive` (a reload);
+    a waiting reload lets no new generation in, so a busy rollout worker cannot starve it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+        self._waiting_writers = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing and not self._waiting_writers)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting_writers += 1
+            self._cond.wait_for(lambda: not self._writing and not self._readers)
+            self._waiting_writers -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
 
 
 def eos_ids_for(model: Any, tokenizer: Any) -> list[int]:

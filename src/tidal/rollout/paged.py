@@ -56,6 +56,37 @@ class StepInput:
     decode_key_slots: Tensor | None = None  # (D, max length) pool slots of their keys ("gather" only)
     chunks: list[Chunk] = field(default_factory=list)
     logit_rows: Tensor | None = None  # (R,) long, pack indices whose logits to return
+    # Speculative steps: decode row i feeds decode_counts[i] tokens (its last, then its drafts),
+    # packed row after row in [0, sum(decode_counts)); decode_lengths[i] counts its keys through
+    # its last fed token (its first fed token's position + its count). None: one token per row.
+    decode_counts: list[int] | None = None
+
+
+@dataclass
+class VerifyLayout:
+    """Where a speculative step's decode tokens sit: packed (sum of counts) and padded (D, T)."""
+
+    token_rows: Tensor  # (M,) long, each packed decode token's row
+    token_positions: Tensor  # (M,) long, its position in the sequence
+    padded_index: Tensor  # (M,) long, its index in the (D * T) padded layout
+    rows: int  # D
+    width: int  # T, the longest row's tokens
+    mask: Tensor  # (D, 1, T, L) bool: query t of row i sees key j when j <= its position
+
+    @classmethod
+    def of(cls, step: StepInput, device: torch.device) -> VerifyLayout:
+        assert step.decode_counts is not None
+        counts, rows = step.decode_counts, len(step.decode_counts)
+        width, longest = max(counts), max(step.decode_lengths)
+        token_rows = torch.repeat_interleave(torch.arange(rows, device=device), torch.tensor(counts, device=device))
+        offsets = torch.cat([torch.arange(c, device=device) for c in counts])
+        positions = step.positions[: token_rows.shape[0]]
+        first = torch.tensor([length - count for length, count in zip(step.decode_lengths, counts)], device=device)
+        # a padding query (t >= count) sees what the row's last real query sees: finite, and dropped
+        query = first[:, None] + torch.minimum(torch.arange(width, device=device)[None, :],
+                                               torch.tensor(counts, device=device)[:, None] - 1)  # (D, T)
+        mask = torch.arange(longest, device=device)[None, None, :] <= query[:, :, None]
+        return cls(token_rows, positions, token_rows * width + offsets, rows, width, mask[:, None])
 
 
 class DecodeView:
@@ -165,20 +196,43 @@ class PagedDecoder:
             q[:, :, None], keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.heads
         )[:, :, 0]
 
+    def _verify_attention(self, layer: int, q: Tensor, k: Tensor, v: Tensor, verify: VerifyLayout, step: StepInput,
+                          pool: BlockPool, view: DecodeView | None) -> Tensor:
+        """Speculative decode rows' attention: each row's T tokens attend causally over its keys.
+        q, k, v (M, heads or kv_heads, hd) packed -> (M, heads, hd)."""
+        longest = max(step.decode_lengths)
+        if view is not None:
+            view.keys[layer][verify.token_rows, :, verify.token_positions] = k
+            view.values[layer][verify.token_rows, :, verify.token_positions] = v
+            keys = view.keys[layer][: verify.rows, :, :longest]  # (D, kv_heads, L, hd)
+            values = view.values[layer][: verify.rows, :, :longest]
+        else:
+            assert step.decode_key_slots is not None
+            keys, values = pool.gather(layer, step.decode_key_slots)  # (D, L, kv_heads, hd)
+            keys, values = keys.transpose(1, 2), values.transpose(1, 2)
+        padded = q.new_zeros((verify.rows * verify.width, self.heads, self.head_dim))
+        padded[verify.padded_index] = q
+        queries = padded.view(verify.rows, verify.width, self.heads, self.head_dim).transpose(1, 2)  # (D, heads, T, hd)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=verify.mask, scale=self.scaling,
+                                             enable_gqa=self.kv_heads != self.heads)  # (D, heads, T, hd)
+        return out.transpose(1, 2).reshape(verify.rows * verify.width, self.heads, self.head_dim)[verify.padded_index]
+
     def forward(self, step: StepInput, pool: BlockPool, view: DecodeView | None) -> Tensor:
         """Logits (R, V) float32 at `step.logit_rows`; every token's keys and values are written
         to its pool slot (and the decode rows' to `view`, when given)."""
         count = step.tokens.shape[0]
         decode = step.decode_rows
+        verify = VerifyLayout.of(step, step.tokens.device) if step.decode_counts is not None else None
+        fed = decode if verify is None else verify.token_rows.shape[0]  # decode tokens in the pack
         hidden = F.embedding(step.tokens, self.embed)  # (N, H)
         cos, sin = self.rotary(hidden[None], step.positions[None])  # (1, N, D) each
         half = cos.shape[-1] // 2
         cos, sin = cos[0, :, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[0, :, None]  # (N, 1, D)
-        decode_mask = _length_mask(step.decode_lengths, hidden.device) if decode else None
+        decode_mask = _length_mask(step.decode_lengths, hidden.device) if decode and verify is None else None
         positions = step.positions[:decode]
         rows = torch.arange(decode, device=hidden.device)
         longest = max(step.decode_lengths, default=0)
-        same_position = longest - 1 if decode and min(step.decode_lengths) == longest else None
+        same_position = longest - 1 if decode and verify is None and min(step.decode_lengths) == longest else None
         chunk_masks = [_chunk_mask(chunk, hidden.device) for chunk in step.chunks]
         gqa = self.kv_heads != self.heads
         for index, (norm1, eps1, q_proj, k_proj, v_proj, o_proj, norm2, eps2, gate, up, down) in enumerate(self.layers):
@@ -191,7 +245,9 @@ class PagedDecoder:
             pool.keys[index].index_copy_(0, step.slots, k)
             pool.values[index].index_copy_(0, step.slots, v)
             attended = torch.empty_like(q)  # (N, heads, D)
-            if decode:
+            if verify is not None:
+                attended[:fed] = self._verify_attention(index, q[:fed], k[:fed], v[:fed], verify, step, pool, view)
+            elif decode:
                 if view is not None and same_position is not None:  # a GRPO batch: one strided copy
                     view.keys[index][:decode, :, same_position] = k[:decode]
                     view.values[index][:decode, :, same_position] = v[:decode]

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,6 +29,8 @@ from torch import Tensor
 from tidal.rollout.blocks import BlockPool
 from tidal.rollout.paged import Chunk, DecodeView, StepInput
 from tidal.rollout.sampling import SamplingParams, derived_seed, hits_stop, sample_rows
+from tidal.rollout.speculative import Sampling
+from tidal.rollout.speculative_batch import BatchSpeculation, verify_rows
 from tidal.types import FinishReason
 
 
@@ -63,6 +66,8 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     row: int = -1  # its row in the decode view while decoding
     fresh: bool = True  # not admitted before (a preempted sequence's second prefill is a recompute)
+    session: Any = None  # its drafter session (speculative decoding), made when it first drafts
+    drafts: list[int] = field(default_factory=list)  # this step's draft tokens, fed after its last token
 
     @property
     def generated(self) -> list[int]:
@@ -88,8 +93,10 @@ class Scheduler:
     """Waiting, prefilling and decoding sequences over one `BlockPool` (module docstring)."""
 
     def __init__(self, pool: BlockPool, view: DecodeView | None, max_rows: int, prefill_chunk: int,
-                 eos_ids: list[int], tokenizer: object, shared: torch.Generator) -> None:
+                 eos_ids: list[int], tokenizer: object, shared: torch.Generator,
+                 speculation: BatchSpeculation | None = None) -> None:
         self.pool, self.view, self.max_rows, self.prefill_chunk = pool, view, max_rows, prefill_chunk
+        self.speculation = speculation
         self.eos_ids, self.tokenizer, self.shared = set(eos_ids), tokenizer, shared
         self.waiting: deque[Sequence] = deque()
         self.prefilling: list[Sequence] = []
@@ -129,6 +136,8 @@ class Scheduler:
     def step(self, forward: Callable[[StepInput], Tensor]) -> list[RequestHandle]:
         """Run one engine step; returns the handles that finished in it."""
         self._make_room_for_decoding()
+        if self.speculation is not None:
+            self._draft(self.speculation)
         chunks = self._plan_prefill()
         while not self.decoding and not chunks and len(self.prefilling) > 1:
             self._preempt(self._victim())  # prefills holding each other's blocks: let the oldest go on
@@ -143,9 +152,14 @@ class Scheduler:
                 )
             return []
         step, finishing = self._step_input(chunks)
-        logits = forward(step)  # (decoding + finishing prefills, V)
+        logits = forward(step)  # (decoding + their drafts + finishing prefills, V)
         decoding = list(self.decoding)
-        for sequence in decoding:
+        drafting = [s for s in decoding if s.drafts]
+        verified = self._verify(decoding, logits) if drafting else []
+        if drafting:  # the plain rows' logits, then the finishing prefills'
+            logits = logits[torch.tensor(_plain_rows(decoding, logits.shape[0]), dtype=torch.long, device=logits.device)]
+            decoding = [s for s in decoding if not s.drafts]
+        for sequence in (*decoding, *drafting):
             self._computed(sequence, sequence.computed + 1)
         for sequence, tokens in chunks:
             self._computed(sequence, sequence.computed + tokens)
@@ -162,7 +176,7 @@ class Scheduler:
             sources += [len(decoding) + index] * (1 + len(children))
         if sources != list(range(logits.shape[0])):
             logits = logits[torch.tensor(sources, device=logits.device)]
-        return self._sample(rows, logits)
+        return self._sample(rows, logits, list(zip(drafting, verified)))
 
     def _make_room_for_decoding(self) -> None:
         """A block for every decoding sequence whose next token starts one; preempt when none is left."""
@@ -178,6 +192,53 @@ class Scheduler:
                 self._preempt(victim)
                 if victim is sequence:
                     break
+
+    def _draft(self, speculation: BatchSpeculation) -> None:
+        """Up to k draft tokens for each decoding row, as far as its length cap and free blocks allow
+        (drafts never preempt: a row without room simply decodes one token)."""
+        size, k = self.pool.block_size, speculation.options.k
+        for sequence in self.decoding:
+            params = sequence.handle.request.params
+            room = min(k, params.max_new_tokens - len(sequence.logprobs) - 1)  # a round emits drafts + 1
+            sequence.drafts = []
+            if room <= 0:
+                continue
+            if sequence.session is None:
+                sequence.session = speculation.drafter.session(list(sequence.tokens))
+            proposal = sequence.session.propose(room, Sampling(params.temperature, params.top_p), None).tokens[:room]
+            while proposal and sequence.computed + len(proposal) >= len(sequence.blocks) * size:
+                block = self.pool.allocate()
+                if block is None:
+                    proposal = proposal[: len(sequence.blocks) * size - sequence.computed - 1]
+                    break
+                sequence.blocks.append(block)
+            sequence.drafts = list(proposal)
+
+    def _verify(self, decoding: list[Sequence], logits: Tensor) -> list[tuple[list[int], list[float], int]]:
+        """The drafting rows' verdicts (emitted tokens, their logprobs, drafts kept), from their
+        chunks' logits in the pack's order (rollout/speculative_batch.py)."""
+        assert self.speculation is not None
+        drafting, slices, start = [], [], 0
+        for sequence in decoding:
+            count = 1 + len(sequence.drafts)
+            if sequence.drafts:
+                drafting.append(sequence)
+                slices.append(logits[start : start + count])
+            start += count
+        width = max(piece.shape[0] for piece in slices)
+        padded = logits.new_zeros((len(slices), width, logits.shape[1]))
+        for index, piece in enumerate(slices):
+            padded[index, : piece.shape[0]] = piece
+        params = [s.handle.request.params for s in drafting]
+        verdicts = verify_rows(padded, [s.drafts for s in drafting], [p.temperature for p in params],
+                               [p.top_p for p in params], [s.generator for s in drafting], self.shared)
+        stats = self.speculation.stats
+        for sequence, accepted in zip(drafting, verdicts.accepted):
+            stats.drafted += len(sequence.drafts)
+            stats.accepted += accepted
+            stats.emitted += accepted + 1
+            stats.rounds += 1
+        return list(zip(verdicts.tokens, verdicts.logprobs, verdicts.accepted))
 
     def _plan_prefill(self) -> list[tuple[Sequence, int]]:
         """(sequence, tokens) prefill chunks for this step, within `prefill_chunk` tokens in all:
@@ -238,12 +299,14 @@ class Scheduler:
         tokens, positions, slots, lengths = [], [], [], []
         for sequence in self.decoding:
             position = sequence.computed
-            tokens.append(sequence.tokens[position])
-            positions.append(position)
-            slots.append(sequence.blocks[position // size] * size + position % size)
-            lengths.append(position + 1)
-        decode = len(tokens)
-        logit_rows = list(range(decode))
+            fed = [sequence.tokens[position], *sequence.drafts]
+            tokens += fed
+            positions += range(position, position + len(fed))
+            slots += [sequence.blocks[p // size] * size + p % size for p in range(position, position + len(fed))]
+            lengths.append(position + len(fed))
+        decode = len(self.decoding)
+        speculative = any(s.drafts for s in self.decoding)
+        logit_rows = list(range(len(tokens)))
         pieces, finishing = [], []
         device = self.pool.keys[0].device
         for sequence, count in chunks:
@@ -262,11 +325,12 @@ class Scheduler:
             key_slots = torch.tensor([_slots(s.blocks, size, longest) for s in self.decoding], device=device)
         elif self.view is not None:
             self.view.reserve(len(self.decoding) + sum(1 + len(s.forks) for s in finishing),
-                              max([len(s.tokens) + 1 for s in (*self.decoding, *finishing)], default=1))
+                              max([len(s.tokens) + 1 + len(s.drafts) for s in (*self.decoding, *finishing)], default=1))
         step = StepInput(
             tokens=torch.tensor(tokens, device=device), positions=torch.tensor(positions, device=device),
             slots=torch.tensor(slots, device=device), decode_rows=decode, decode_lengths=lengths,
             decode_key_slots=key_slots, chunks=pieces, logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=device),
+            decode_counts=[1 + len(s.drafts) for s in self.decoding] if speculative else None,
         )
         return step, finishing
 
@@ -328,32 +392,55 @@ class Scheduler:
 
     # ---------------------------------------------------------------- sampling and finishing
 
-    def _sample(self, rows: list[Sequence], logits: Tensor) -> list[RequestHandle]:
-        params = [s.handle.request.params for s in rows]
-        tokens, logprobs = sample_rows(logits, [p.temperature for p in params], [p.top_p for p in params],
-                                       [s.generator for s in rows], self.shared)
+    def _sample(self, rows: list[Sequence], logits: Tensor,
+                verified: list[tuple[Sequence, tuple[list[int], list[float], int]]]) -> list[RequestHandle]:
+        """Sample `rows` from `logits`, add the `verified` drafting rows' tokens, finish who is done."""
         finished: list[tuple[Sequence, FinishReason]] = []
-        for sequence, param, token, logprob in zip(rows, params, tokens.tolist(), logprobs.tolist()):
-            sequence.tokens.append(token)
-            sequence.logprobs.append(logprob)
-            callback = sequence.handle.request.on_token
-            if callback is not None:
-                callback(sequence.sample, token)
-            if (token in self.eos_ids and not param.ignore_eos) or (
-                param.stop and hits_stop(self.tokenizer, sequence.generated, param.stop)  # type: ignore[arg-type]
-            ):
-                finished.append((sequence, "stop"))
-            elif len(sequence.logprobs) >= param.max_new_tokens:
-                finished.append((sequence, "length"))
+        if rows:
+            params = [s.handle.request.params for s in rows]
+            tokens, logprobs = sample_rows(logits, [p.temperature for p in params], [p.top_p for p in params],
+                                           [s.generator for s in rows], self.shared)
+            for sequence, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist()):
+                kept, reason = self._append(sequence, [token], [logprob])
+                if reason is not None:
+                    finished.append((sequence, reason))
+        for sequence, (emitted, emitted_logprobs, accepted) in verified:
+            kept, reason = self._append(sequence, emitted, emitted_logprobs)
+            sequence.drafts = []
+            if sequence.row >= 0 and reason is None:  # the kept drafts' keys and values are in the pool
+                self._computed(sequence, sequence.computed + min(accepted, kept))
+            if reason is not None:
+                finished.append((sequence, reason))
         done = []
         for sequence, reason in sorted(finished, key=lambda pair: -pair[0].row):
             handle = sequence.handle
             handle.results[sequence.sample] = (sequence.generated, sequence.logprobs, reason)
             handle.live.remove(sequence)
+            if self.speculation is not None:
+                self.speculation.drafter.finish(list(handle.request.prompt), sequence.generated)
             self._evict(sequence)
             if handle.done:
                 done.append(handle)
         return done
+
+    def _append(self, sequence: Sequence, tokens: list[int], logprobs: list[float]) -> tuple[int, FinishReason | None]:
+        """Append `tokens` in order until one finishes the sequence; (how many were kept, why it finished)."""
+        param = sequence.handle.request.params
+        callback = sequence.handle.request.on_token
+        for count, (token, logprob) in enumerate(zip(tokens, logprobs), start=1):
+            sequence.tokens.append(token)
+            sequence.logprobs.append(logprob)
+            if sequence.session is not None:
+                sequence.session.extend([token])
+            if callback is not None:
+                callback(sequence.sample, token)
+            if (token in self.eos_ids and not param.ignore_eos) or (
+                param.stop and hits_stop(self.tokenizer, sequence.generated, param.stop)  # type: ignore[arg-type]
+            ):
+                return count, "stop"
+            if len(sequence.logprobs) >= param.max_new_tokens:
+                return count, "length"
+        return len(tokens), None
 
     # ---------------------------------------------------------------- preemption
 
@@ -381,7 +468,8 @@ class Scheduler:
                 self.decoding[row] = last
                 last.row = row
                 if self.view is not None:
-                    self.view.move(len(self.decoding), row, last.computed)
+                    # with its pending drafts' positions: a drafting row's kept drafts are committed later
+                    self.view.move(len(self.decoding), row, last.computed + len(last.drafts))
             sequence.row = -1
         elif sequence in self.waiting:
             self.waiting.remove(sequence)
@@ -397,6 +485,16 @@ class Scheduler:
         generator = torch.Generator(device=self.shared.device)
         generator.manual_seed(derived_seed(seed, sample))
         return generator
+
+
+def _plain_rows(decoding: list[Sequence], total: int) -> list[int]:
+    """Logit rows of the decode rows without drafts, then every row after the decode tokens."""
+    out, start = [], 0
+    for sequence in decoding:
+        if not sequence.drafts:
+            out.append(start)
+        start += 1 + len(sequence.drafts)
+    return out + list(range(start, total))
 
 
 def _slots(blocks: list[int], size: int, length: int) -> list[int]:

@@ -25,6 +25,7 @@ from tidal.pipeline.stages import LoopParts, Sampler
 from tidal.pipeline.weights import UNLOADED, Publication, check_canary, load_verified
 from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import Cancel, EmbeddedEngine
+from tidal.rollout.protocol import RolloutEngine
 from tidal.types import Group, Score, Task
 
 
@@ -46,8 +47,13 @@ def cpu_thread_split(total: int, workers: int, rollout_threads: int | None, trai
     return trainer, each
 
 
-def rollout_engine(parts: LoopParts) -> EmbeddedEngine:
-    """A second engine on a frozen copy of the trainer's model, holding no verified version yet."""
+def rollout_engine(parts: LoopParts) -> RolloutEngine:
+    """A second engine on a frozen copy of the trainer's model, holding no verified version yet;
+    with `rollout.engine: http`, the run's HTTP engine itself: the server holds the copy, which
+    the worker reloads with each publication it is handed (a reload waits for the generations
+    in flight, rollout/http_engine.py), and the trainer's publications for evaluation go there too."""
+    if parts.engine_holds_copy:
+        return parts.engine
     if not isinstance(parts.engine, EmbeddedEngine):
         raise TypeError(f"the local backend copies an EmbeddedEngine's model; got {type(parts.engine).__name__}")
     model = policy_copy(parts).eval().requires_grad_(False)
@@ -116,7 +122,8 @@ class LocalBackend:
     def start(self, parts: LoopParts) -> Workers:
         pipeline = parts.config.pipeline
         trainer_threads = threads = None
-        if parts.engine.device.type == "cpu":  # set even when torch's: a new thread takes the last count set anywhere
+        if parts.trainer.device.type == "cpu" and not parts.engine_holds_copy:  # a server's workers compute elsewhere
+            # set even when torch's: a new thread takes the last count set anywhere
             trainer_threads, threads = cpu_thread_split(
                 torch.get_num_threads(), pipeline.rollout_workers, pipeline.rollout_threads, pipeline.trainer_threads
             )
