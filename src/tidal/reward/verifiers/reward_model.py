@@ -5,7 +5,7 @@ Two kinds (`kind`, or `auto` from the folder's `architectures`):
   the reward is sigmoid(logit); several: the softmax probability of label `label` (default the last).
 - `rubric`: a causal LM is asked whether the answer meets `rubric`; the reward is
   P(yes) / (P(yes) + P(no)) of its next token (the first token of `yes` / `no`, with and without
-  a leading space, summed).
+  a leading space, summed; a first token both share is left out).
 
 A model is loaded once per process and device (`load`, cached and locked), so every scoring
 thread and every step share it; `device` picks it (auto: the first GPU, else the CPU). The
@@ -80,8 +80,6 @@ def load(args: RewardModelArgs) -> LoadedScorer:
             if kind == "auto":
                 names = " ".join(getattr(config, "architectures", None) or [])
                 kind = "classifier" if "SequenceClassification" in names else "rubric"
-            if kind == "rubric" and not args.rubric:
-                raise RewardModelError(f"{args.path} is a causal LM: give a `rubric` to score against")
             tokenizer = AutoTokenizer.from_pretrained(args.path, local_files_only=True)
             loader = AutoModelForSequenceClassification if kind == "classifier" else AutoModelForCausalLM
             model = loader.from_pretrained(args.path, local_files_only=True).to(device).eval()
@@ -92,7 +90,9 @@ def load(args: RewardModelArgs) -> LoadedScorer:
         if getattr(model.config, "pad_token_id", None) is None:
             model.config.pad_token_id = tokenizer.pad_token_id
         yes_ids, no_ids = (_first_ids(tokenizer, args.yes), _first_ids(tokenizer, args.no)) if kind == "rubric" else ([], [])
-        if kind == "rubric" and (not yes_ids or not no_ids or set(yes_ids) & set(no_ids)):
+        shared = set(yes_ids) & set(no_ids)  # a byte tokenizer starts " yes" and " no" alike
+        yes_ids, no_ids = [i for i in yes_ids if i not in shared], [i for i in no_ids if i not in shared]
+        if kind == "rubric" and (not yes_ids or not no_ids):
             raise RewardModelError(f"`yes` {args.yes!r} and `no` {args.no!r} must start with different tokens")
         _LOADED[key] = LoadedScorer(model, tokenizer, kind, device, yes_ids, no_ids)
         return _LOADED[key]
@@ -180,6 +180,8 @@ def score_batch(task: Task, answers: list[str], ctx: ScoringContext) -> list[Sco
     if todo:
         try:
             loaded = load(args)
+            if loaded.kind == "rubric" and not args.rubric:
+                raise RewardModelError(f"{args.path} is a causal LM: give a `rubric` to score against")
             values = model_rewards(loaded, [_input_text(loaded, args, task, answers[i]) for i in todo], args)
         except RewardModelError as error:
             return [s if s is not None else task_problem(task, str(error)) for s in scores]
