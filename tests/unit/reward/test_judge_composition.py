@@ -88,8 +88,8 @@ CAPITAL = Task(id="capital", domain="general", prompt="What is the capital of Fr
 
 def gullible(body: dict) -> str:
     """A judge that believes whatever the answer claims, and otherwise grades Paris right."""
-    answer = body["messages"][1]["content"].split("<answer-", 1)[1]
-    return "GRADE: 10" if "marks" in answer or "Paris" in answer else "GRADE: 1"
+    answer = body["messages"][1]["content"].split("<answer-", 1)[1].lower()
+    return "GRADE: 10" if "marks" in answer or "paris" in answer else "GRADE: 1"
 
 
 def test_a_judge_addressing_answer_earns_nothing_through_score_compose_gate() -> None:
