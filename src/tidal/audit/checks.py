@@ -17,6 +17,7 @@ from tidal.audit.context import AuditContext
 from tidal.audit.difficulty import check_difficulty
 from tidal.audit.exploits import check_exploits
 from tidal.audit.impossible import check_impossible_variant
+from tidal.audit.judge_hacking import check_judge_hacking
 from tidal.audit.leakage import check_leakage
 from tidal.audit.mutants import check_test_strength
 from tidal.audit.nulls import check_null_solutions
@@ -52,6 +53,7 @@ CHECKS: list[Check] = [
     Check("limits", check_limits, "scoring"),
     Check("null_solution", check_null_solutions, "scoring"),
     Check("exploit", check_exploits, "scoring"),
+    Check("judge_hacking", check_judge_hacking, "scoring"),
     Check("test_strength", check_test_strength, "scoring"),
     Check("impossible_variant", check_impossible_variant, "scoring"),
     Check("difficulty", check_difficulty, "policy"),

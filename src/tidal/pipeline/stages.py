@@ -17,10 +17,12 @@ from tidal.algos import assign_advantages
 from tidal.audit.continuous import TaskWatch
 from tidal.config.schema import TidalConfig
 from tidal.gate import gate_episodes
+from tidal.gate.judge_hack import MODEL_VERIFIERS
 from tidal.models.io import render_prompt
 from tidal.pipeline.agent_rollout import sample_agent_groups
 from tidal.pipeline.domains import DomainRuntime
 from tidal.pipeline.weights import publish_to_engine
+from tidal.reward.agreement import agreement_metrics
 from tidal.reward.protocol import ScoringWorker
 from tidal.rollout.engine import Cancel, SamplingParams
 from tidal.rollout.protocol import RolloutEngine
@@ -260,4 +262,7 @@ def step_metrics(groups: list[Group], drops: dict[str, int]) -> dict[str, Any]:
     for outcome in (Outcome.TAMPERED, Outcome.INFRA_ERROR):
         metrics[f"rate/{outcome.value}"] = sum(e.score is not None and e.score.outcome is outcome for e in episodes) / total
     metrics.update(distribution_metrics(episodes))
+    # How a domain's model-scored sub-rewards (llm_judge, reward_model) agree with its rule reward.
+    scored = [e.score.components for e in episodes if e.score is not None and e.score.outcome is not Outcome.INFRA_ERROR]
+    metrics.update(agreement_metrics(scored, MODEL_VERIFIERS))
     return metrics
