@@ -131,8 +131,19 @@ def _sandboxed(name: str, function: RewardFn, source: str, task: Task, answer: s
     if "error" in reply:
         location = f"{source}:{reply['line']}" if reply.get("line") else source
         return user_error(name, f"raised {reply.get('type', 'an error')} at {location}: {reply['error']}",
-                          location=location, traceback=str(reply.get("traceback", "")))
+                          location=location, traceback=_host_paths(str(reply.get("traceback", "")), copied, source))
     return _checked(name, reply, pass_at)
+
+
+def _host_paths(text: str, copied: str, source: str) -> str:
+    """The sandbox's traceback with the copied file's path (in the harness folder) as the host's."""
+    lines = []
+    for line in text.splitlines():
+        if copied in line and line.lstrip().startswith("File "):
+            start, end = line.find('"'), line.find('"', line.find('"') + 1)
+            line = line[: start + 1] + source + line[end:] if 0 <= start < end else line
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _checked(name: str, reply: dict[str, Any], pass_at: float) -> Score:
