@@ -8,13 +8,33 @@ import sys
 from pathlib import Path
 from typing import NoReturn, Optional
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from tidal.cli_model import model_app
 from tidal.cli_plan import plan_command
 from tidal.errors import TidalError
 
+
+
+class _PluginGroup(TyperGroup):
+    """The root command: `--import MODULE_OR_FILE` (repeatable), anywhere on the line of any
+    command, imports that plugin (tidal.plugins) before the command runs."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from tidal.plugins import PluginError, load_imports, take_import_options
+
+        try:
+            args, specs = take_import_options(args)
+            load_imports(specs)
+        except PluginError as error:
+            _fail(error)
+        return super().parse_args(ctx, args)
+
+
 app = typer.Typer(
+    cls=_PluginGroup,
     help="RL post-training of language models on verifiable tasks, and agent evaluation.",
     no_args_is_help=True,
     add_completion=False,
@@ -35,6 +55,15 @@ app.command("plan")(plan_command)
 def _fail(error: Exception) -> NoReturn:
     typer.secho(f"error: {error}", fg="red", err=True)
     raise typer.Exit(2)
+
+
+@app.callback()
+def _root(
+    imports: Optional[list[str]] = typer.Option(
+        None, "--import", help="a plugin to import first: a module name or a .py file (repeatable; accepted after "
+        "any command too)"),
+) -> None:
+    """RL post-training of language models on verifiable tasks, and agent evaluation."""
 
 
 @app.command()

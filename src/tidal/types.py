@@ -13,7 +13,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Role = Literal["system", "user", "assistant", "tool"]
-DOMAINS = ("code", "agent", "math", "knowledge", "reasoning", "general", "custom")
+# The built-in domains; a task may name any other identifier (a plugin's `sql`, `finance`, ...).
+BUILTIN_DOMAINS = ("code", "agent", "math", "knowledge", "reasoning", "general", "custom")
+DOMAINS = BUILTIN_DOMAINS
+
+
+def is_domain_name(name: str) -> bool:
+    """A domain is named by a Python identifier (ASCII, not a keyword-like empty string)."""
+    return isinstance(name, str) and name.isascii() and name.isidentifier()
 
 
 class Message(BaseModel):
@@ -55,7 +62,8 @@ class Task(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(min_length=1, description="unique and stable")
-    domain: str = Field(description="code | agent | math | knowledge | reasoning | general | custom")
+    domain: str = Field(description="an identifier: code | agent | math | knowledge | reasoning | general | custom, "
+                        "or a domain of your own (sql, finance, ...)")
     prompt: str | list[Message] = Field(description="a string, or a list of chat messages")
     verifier: VerifierSpec
     tests: dict[str, str] = Field(default_factory=dict, description="acceptance tests, hidden")
@@ -71,8 +79,9 @@ class Task(BaseModel):
     @field_validator("domain")
     @classmethod
     def _known_domain(cls, value: str) -> str:
-        if value not in DOMAINS:
-            raise ValueError(f"must be one of {', '.join(DOMAINS)}")
+        if not is_domain_name(value):
+            raise ValueError(f"{value!r} is not a domain name: an identifier (letters, digits, _; e.g. "
+                             f"{', '.join(BUILTIN_DOMAINS)}, or your own such as sql)")
         return value
 
     @field_validator("prompt")

@@ -1,14 +1,18 @@
-"""algos layer: advantage estimators and policy losses, picked by name from plain dicts."""
+"""algos layer: advantage estimators and policy losses, picked by name from plain dicts; users add
+theirs with `@advantage("name")` / `@loss("name")` (or entry points, tidal.plugins)."""
 
 from tidal.algos.advantages import (
     ADVANTAGES,
     CRITIC_ADVANTAGES,
     GROUP_ADVANTAGES,
+    advantage,
     assign_advantages,
     episode_reward,
     get_advantage,
     has_valid_reward,
+    known_advantages,
     needs_critic,
+    register_advantage,
     reinforce_pp,
 )
 from tidal.algos.gae import (
@@ -25,17 +29,30 @@ from tidal.algos.losses import (
     LOSS_INPUTS,
     LOSSES,
     aggregate,
+    cispo_loss,
     decoupled_ppo_loss,
     entropy_from_logits,
     get_loss,
+    gspo_loss,
     kl_penalty,
+    known_losses,
+    loss,
     loss_denominator,
     ppo_clip_loss,
+    register_loss,
     tis_pg_loss,
     token_advantages,
 )
 
 __all__ = [
+    "advantage",
+    "cispo_loss",
+    "gspo_loss",
+    "known_advantages",
+    "known_losses",
+    "loss",
+    "register_advantage",
+    "register_loss",
     "ADVANTAGES",
     "CRITIC_ADVANTAGES",
     "GROUP_ADVANTAGES",

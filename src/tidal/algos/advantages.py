@@ -127,8 +127,48 @@ CRITIC_ADVANTAGES: dict[str, CriticEstimator] = {
 ADVANTAGES: dict[str, GroupEstimator | CriticEstimator] = {**GROUP_ADVANTAGES, **CRITIC_ADVANTAGES}
 
 
+def register_advantage(name: str, function: GroupEstimator) -> None:
+    """Make `function(rewards (G, n), valid mask (G, n)) -> advantages (G, n)` the group
+    estimator `name` (`algorithm.advantage: name`). Invalid samples must get 0 (see the module
+    docstring); critic estimators are built in only (the trainer owns the value model)."""
+    if not name.isidentifier():
+        raise ValueError(f"advantage estimator name {name!r} must be an identifier")
+    existing = ADVANTAGES.get(name)
+    if existing is not None and existing is not function:
+        raise ValueError(f"advantage estimator {name!r} is already registered by {existing.__module__}")
+    GROUP_ADVANTAGES[name] = function
+    ADVANTAGES[name] = function
+
+
+def advantage(name: str) -> Callable[[GroupEstimator], GroupEstimator]:
+    """Decorator form of `register_advantage`."""
+
+    def decorate(function: GroupEstimator) -> GroupEstimator:
+        register_advantage(name, function)
+        return function
+
+    return decorate
+
+
+def _load_plugins() -> None:
+    # Installed entry points of group tidal.advantages: a module registers with @advantage; a
+    # function is registered under the entry point's name.
+    from tidal import plugins
+
+    for name, loaded in plugins.entry_point_objects("tidal.advantages"):
+        if callable(loaded) and not isinstance(loaded, type(plugins)) and ADVANTAGES.get(name) is not loaded:
+            register_advantage(name, loaded)
+
+
+def known_advantages() -> list[str]:
+    """Every registered estimator, plugins included."""
+    _load_plugins()
+    return sorted(ADVANTAGES)
+
+
 def get_advantage(name: str) -> GroupEstimator | CriticEstimator:
     """The estimator registered under `name`; an unknown name raises with the known ones."""
+    _load_plugins()
     if name not in ADVANTAGES:
         raise UnknownNameError("advantage estimator", name, list(ADVANTAGES))
     return ADVANTAGES[name]

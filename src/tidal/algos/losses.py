@@ -227,14 +227,150 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     return log_z - (probs * logits).sum(dim=-1)
 
 
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    aggregation: Aggregation = "token",
+    max_tokens: int | None = None,
+    denominator: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO (Zheng et al., 2025): PPO's clipped surrogate on a sequence-level importance ratio.
+
+    s_i = exp(mean over sequence i's masked tokens of (logprobs - old_logprobs)), the length-
+    normalised (geometric-mean) ratio of the whole answer, clipped to [1 - clip_low, 1 + clip_high]:
+    a whole sequence is in or out of the trust region. Written in the paper's GSPO-token form,
+    per token s_i * pi_theta(y_t) / sg(pi_theta(y_t)): the same value s_i on every token, the
+    sequence's gradient A_i s_i * mean_t grad log pi_theta(y_t), and per-token advantages (B, T)
+    allowed. `aggregation: sequence` is the paper's mean over sequences; the paper's clip range is
+    far narrower than PPO's (e.g. clip_low 3e-4, clip_high 4e-4) since s_i is a per-token mean.
+    Metrics: `clip_*_frac` and `ratio_mean` are per sequence (clipped sequences' share).
+    """
+    mask = mask.to(logprobs.dtype)  # (B, T)
+    safe = torch.where(mask > 0, logprobs, torch.zeros_like(logprobs))  # (B, T)
+    log_ratio = torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))  # (B, T)
+    lengths = mask.sum(dim=-1).clamp(min=1)  # (B,)
+    seq_log_ratio = log_ratio.sum(dim=-1) / lengths  # (B,)
+    token_log_ratio = seq_log_ratio.detach().unsqueeze(-1) + safe - safe.detach()  # (B, T), value s_i
+    ratio = torch.exp(token_log_ratio)  # (B, T)
+    adv = token_advantages(advantages, mask)  # (B, T)
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv  # (B, T)
+    per_token = -torch.minimum(ratio * adv, clipped)  # (B, T)
+    loss = aggregate(per_token, mask, aggregation, max_tokens, denominator)
+    with torch.no_grad():
+        seq_ratio = torch.exp(seq_log_ratio)  # (B,)
+        seq_adv = (adv * mask).sum(dim=-1) / lengths  # (B,)
+        rows = (mask.sum(dim=-1) > 0).to(mask.dtype)  # (B,)
+        count = float(rows.sum()) or 1.0
+        metrics = {
+            "clip_low_frac": float((((seq_ratio < 1.0 - clip_low) & (seq_adv < 0)).to(mask.dtype) * rows).sum()) / count,
+            "clip_high_frac": float((((seq_ratio > 1.0 + clip_high) & (seq_adv > 0)).to(mask.dtype) * rows).sum()) / count,
+            "ratio_mean": float((seq_ratio * rows).sum()) / count,
+            "approx_kl": _masked_mean((torch.exp(log_ratio) - 1.0) - log_ratio, mask),
+        }
+    return loss, metrics
+
+
+def cispo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    aggregation: Aggregation = "token",
+    max_tokens: int | None = None,
+    denominator: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """CISPO (MiniMax-M1, 2025): REINFORCE with a clipped, stop-gradient importance weight.
+
+    Per token -sg(clip(r_t, 1 - clip_low, 1 + clip_high)) * A * log pi_theta(y_t), r_t =
+    pi_theta / pi_old. Unlike PPO's clip, which zeroes the gradient of a token outside the range,
+    every token keeps its gradient and only its weight is bounded, so rare tokens whose ratio
+    jumps still learn. The paper leaves the lower side open (a large clip_low, e.g. 1) and tunes
+    clip_high; with token aggregation (its choice). Metrics: the share of tokens whose weight
+    was clipped on each side (`clip_low_frac`, `clip_high_frac`), `ratio_mean`, `approx_kl`.
+    """
+    mask = mask.to(logprobs.dtype)  # (B, T)
+    log_ratio = torch.where(mask > 0, logprobs - old_logprobs, torch.zeros_like(logprobs)).detach()  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)  # (B, T), no gradient
+    adv = token_advantages(advantages, mask)  # (B, T)
+    safe = torch.where(mask > 0, logprobs, torch.zeros_like(logprobs))  # (B, T)
+    loss = aggregate(-weight * adv * safe, mask, aggregation, max_tokens, denominator)
+    with torch.no_grad():
+        metrics = {
+            "clip_low_frac": _masked_mean((ratio < 1.0 - clip_low).to(mask.dtype), mask),
+            "clip_high_frac": _masked_mean((ratio > 1.0 + clip_high).to(mask.dtype), mask),
+            "ratio_mean": _masked_mean(ratio, mask),
+            "approx_kl": _masked_mean((ratio - 1.0) - log_ratio, mask),
+        }
+    return loss, metrics
+
+
+# A loss takes (logprobs, old_logprobs, advantages, mask, clip_low=, clip_high=, aggregation=,
+# max_tokens=, denominator=, **the inputs it declares) and returns (scalar loss, metrics).
 LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
-LOSSES: dict[str, LossFn] = {"ppo_clip": ppo_clip_loss, "decoupled_ppo": decoupled_ppo_loss, "tis_pg": tis_pg_loss}
+LOSSES: dict[str, LossFn] = {
+    "ppo_clip": ppo_clip_loss,
+    "decoupled_ppo": decoupled_ppo_loss,
+    "tis_pg": tis_pg_loss,
+    "gspo": gspo_loss,
+    "cispo": cispo_loss,
+}
 # What a loss needs beyond the common arguments; the trainer supplies exactly these keywords.
 LOSS_INPUTS: dict[str, tuple[str, ...]] = {"decoupled_ppo": ("prox_logprobs", "is_cap"), "tis_pg": ("is_cap",)}
+TRAINER_INPUTS = ("prox_logprobs", "is_cap")  # the extra inputs the trainer can supply
+
+
+def register_loss(name: str, function: LossFn, inputs: tuple[str, ...] = ()) -> None:
+    """Make `function` the policy loss `name` (`algorithm.loss: name`); `inputs` are the extra
+    keywords it needs from the trainer, among `TRAINER_INPUTS`."""
+    if not name.isidentifier():
+        raise ValueError(f"policy loss name {name!r} must be an identifier")
+    unknown = [i for i in inputs if i not in TRAINER_INPUTS]
+    if unknown:
+        raise ValueError(f"policy loss {name!r} asks for {unknown}; the trainer supplies {', '.join(TRAINER_INPUTS)}")
+    existing = LOSSES.get(name)
+    if existing is not None and existing is not function:
+        raise ValueError(f"policy loss {name!r} is already registered by {existing.__module__}")
+    LOSSES[name] = function
+    if inputs:
+        LOSS_INPUTS[name] = tuple(inputs)
+
+
+def loss(name: str, *, inputs: tuple[str, ...] = ()) -> Callable[[LossFn], LossFn]:
+    """Decorator form of `register_loss`."""
+
+    def decorate(function: LossFn) -> LossFn:
+        register_loss(name, function, inputs)
+        return function
+
+    return decorate
+
+
+def _load_plugins() -> None:
+    # Installed entry points of group tidal.losses: a module registers with @loss; a function is
+    # registered under the entry point's name (its `inputs` attribute, when set, as its inputs).
+    from tidal import plugins
+
+    for name, loaded in plugins.entry_point_objects("tidal.losses"):
+        if callable(loaded) and not isinstance(loaded, type(plugins)) and LOSSES.get(name) is not loaded:
+            register_loss(name, loaded, tuple(getattr(loaded, "inputs", ())))
+
+
+def known_losses() -> list[str]:
+    """Every registered policy loss, plugins included."""
+    _load_plugins()
+    return sorted(LOSSES)
 
 
 def get_loss(name: str) -> LossFn:
     """The policy loss registered under `name`; an unknown name raises with the known ones."""
+    _load_plugins()
     if name not in LOSSES:
         raise UnknownNameError("policy loss", name, list(LOSSES))
     return LOSSES[name]

@@ -89,7 +89,33 @@ def format_validation_error(error: ValidationError, model: type[BaseModel]) -> l
     return problems
 
 
-def config_from_dict(data: dict[str, Any], source: str = "config") -> TidalConfig:
+def load_config_imports(data: dict[str, Any], source: str = "config", base: Path | None = None) -> None:
+    """Import the plugins the config's `imports:` names (tidal.plugins) before it is validated, so
+    the verifiers, estimators and losses they register are known to its checks; relative files
+    beside `base` (the config's folder) are made absolute in `data`. A plugin that fails to import
+    is a ConfigError naming its file and line."""
+    from tidal.plugins import PluginError, import_plugin, resolve_spec
+
+    imports = data.get("imports")
+    if imports is None:
+        return
+    if not isinstance(imports, list) or not all(isinstance(item, str) for item in imports):
+        raise ConfigError(["imports: a list of module names or .py files"], source=source)
+    problems = []
+    resolved = []
+    for index, spec in enumerate(imports):
+        try:
+            resolved.append(resolve_spec(spec, base))
+            import_plugin(resolved[-1])
+        except PluginError as error:
+            problems.append(f"imports.{index}: {error}")
+    if problems:
+        raise ConfigError(problems, source=source)
+    data["imports"] = resolved
+
+
+def config_from_dict(data: dict[str, Any], source: str = "config", base: Path | None = None) -> TidalConfig:
+    load_config_imports(data, source, base)
     try:
         return TidalConfig.model_validate(data)
     except ValidationError as error:
@@ -116,7 +142,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not isinstance(loaded, dict):
             raise ConfigError(["(root): a config is a mapping of sections"], source=source)
         data = loaded
-    config = config_from_dict(apply_overrides(data, overrides or []), source=source)
+    config = config_from_dict(apply_overrides(data, overrides or []), source=source,
+                              base=path.parent if path is not None else None)
     if path is not None:
         _resolve_sources(config, path.parent)
     return config

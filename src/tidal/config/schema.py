@@ -244,7 +244,9 @@ class AlgorithmConfig(Section):
     )
     loss: str = Field(
         "ppo_clip", description="policy loss: ppo_clip | decoupled_ppo (clip around the trainer's weights, truncated "
-        "IS to the sampler's; for async) | tis_pg (policy gradient with truncated IS, no clip)"
+        "IS to the sampler's; for async) | tis_pg (policy gradient with truncated IS, no clip) | gspo (clip on the "
+        "length-normalised sequence ratio; with aggregation: sequence and narrow clips) | cispo (REINFORCE with a "
+        "clipped stop-gradient IS weight) | a plugin's @loss"
     )
     clip_low: float = Field(0.2, ge=0, le=1, description="lower PPO clip epsilon")
     clip_high: float = Field(0.28, ge=0, le=10, description="upper PPO clip epsilon (clip-higher)")
@@ -302,19 +304,21 @@ class AlgorithmConfig(Section):
     def _known_advantage(cls, value: str) -> str:
         # lazy: the registries import torch; checked here so a typo fails at load, not after the
         # warm start and the first evaluation
-        from tidal.algos.advantages import ADVANTAGES
+        from tidal.algos.advantages import known_advantages
 
-        if value not in ADVANTAGES:
-            raise ValueError(f"unknown advantage estimator {value!r}; known: {', '.join(sorted(ADVANTAGES))}")
+        if value not in (known := known_advantages()):
+            raise ValueError(f"unknown advantage estimator {value!r}; known: {', '.join(known)} (a plugin's? "
+                             "name it in `imports:` or with --import)")
         return value
 
     @field_validator("loss")
     @classmethod
     def _known_loss(cls, value: str) -> str:
-        from tidal.algos.losses import LOSSES
+        from tidal.algos.losses import known_losses
 
-        if value not in LOSSES:
-            raise ValueError(f"unknown policy loss {value!r}; known: {', '.join(sorted(LOSSES))}")
+        if value not in (known := known_losses()):
+            raise ValueError(f"unknown policy loss {value!r}; known: {', '.join(known)} (a plugin's? name it in "
+                             "`imports:` or with --import)")
         return value
 
     @model_validator(mode="after")
@@ -614,6 +618,11 @@ class TidalConfig(Section):
     guard: GuardConfig = Field(default_factory=GuardConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     debug: DebugConfig = Field(default_factory=DebugConfig)
+    imports: list[str] = Field(
+        default_factory=list, description="plugins imported before the rest of the config is checked: dotted module "
+        "names or .py files (relative: beside the config first), whose @verifier, @reward_function, @family, "
+        "@advantage and @loss register their names (tidal.plugins; docs/your_domain.md)",
+    )
 
     @model_validator(mode="after")
     def _injection_supported(self) -> TidalConfig:

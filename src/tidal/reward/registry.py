@@ -9,6 +9,9 @@ are wrong, is `Outcome.INFRA_ERROR`, which the gate drops instead of training on
 
 from __future__ import annotations
 
+import inspect
+
+from tidal import plugins
 from tidal.errors import UnknownNameError
 from tidal.reward import base
 from tidal.reward.base import (
@@ -52,8 +55,17 @@ def get_verifier(name: str) -> Verifier:
     _load_builtins()
     entry = base._VERIFIERS.get(name)
     if entry is None:
-        raise UnknownNameError("verifier", name, list(base._VERIFIERS))
+        raise UnknownVerifierError(name, list(base._VERIFIERS))
     return entry.function
+
+
+class UnknownVerifierError(UnknownNameError):
+    """A verifier no registry knows; says how a plugin's verifier is made known."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__("verifier", name, known)
+        self.args = (f"{self.args[0]} (a plugin's verifier? name its module or file in the config's `imports:` "
+                     "or with `--import`, or install its package)",)
 
 
 def get_batch_verifier(name: str) -> BatchVerifier | None:
@@ -83,5 +95,34 @@ def verifier_entries() -> list[VerifierEntry]:
 
 
 def _load_builtins() -> None:
-    # The built-in verifiers register themselves on import.
+    # The built-in verifiers register themselves on import; then the plugins (tidal.plugins):
+    # those this process's parent imported, and the installed entry points of `tidal.verifiers`.
     import tidal.reward.verifiers  # noqa: F401
+
+    for name, loaded in plugins.entry_point_objects("tidal.verifiers"):
+        register_entry_point(name, loaded)
+
+
+def register_entry_point(name: str, loaded: object) -> None:
+    """Register the object an entry point of `tidal.verifiers` names: a module registers its own
+    verifiers on import (nothing to do); a function of (task, answer, ctx) is a verifier, one of
+    (task, answer) a reward function (run in the sandbox); either under the entry point's name."""
+    if inspect.ismodule(loaded):
+        return
+    existing = base._VERIFIERS.get(name)
+    if existing is not None and (existing.function is loaded or existing.function.__module__ == getattr(
+            loaded, "__module__", None)):
+        return  # its module registered it with a decorator
+    if not callable(loaded):
+        raise plugins.PluginError(f"entry point {name} (group tidal.verifiers) names a {type(loaded).__name__}, "
+                                  "not a module or a function")
+    from tidal.reward.function import register_reward_function
+
+    try:
+        arity = len(inspect.signature(loaded).parameters)
+    except (TypeError, ValueError):
+        arity = 3
+    if arity == 2:
+        register_reward_function(name, loaded)  # type: ignore[arg-type]
+    else:
+        verifier(name)(loaded)  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ SMOKE = Path(__file__).resolve().parents[3] / "configs" / "smoke.yaml"
     ("override", "message"),
     [
         ("algorithm.advantage=grpoo", "unknown advantage estimator 'grpoo'; known: dr_grpo, gae, grpo"),
-        ("algorithm.loss=ppo", "unknown policy loss 'ppo'; known: decoupled_ppo, ppo_clip, tis_pg"),
+        ("algorithm.loss=ppo", "unknown policy loss 'ppo'; known: cispo, decoupled_ppo, gspo, ppo_clip, tis_pg"),
         ("reward.overlong_buffer=16", "reward.overlong_buffer=16 must be below rollout.max_new_tokens=16"),
         ("run.trajectory_store=nosuchproto://bucket/runs", "unknown protocol 'nosuchproto'"),
     ],

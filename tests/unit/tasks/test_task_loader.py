@@ -47,7 +47,7 @@ def test_every_problem_is_reported_at_once_with_line_id_and_field(tmp_path: Path
         task("ok"),
         '{"id": "broken", "domain": "math" "prompt": "x"}',
         "[1, 2]",
-        task("t4", domain="maths", limits={"timeout_s": -1, "memroy_mb": 3}, promt="x"),
+        task("t4", domain="my-maths", limits={"timeout_s": -1, "memroy_mb": 3}, promt="x"),
         task("t5", verifier={"name": "math"}, prompt=[{"role": "bot", "content": "x"}, {"role": "user"}]),
         task("t6", prompt=5, tests={"test_a.py": 3}, split="test"),
         {"domain": "math", "prompt": "", "verifier": "math", "max_steps": "many"},
@@ -58,7 +58,7 @@ def test_every_problem_is_reported_at_once_with_line_id_and_field(tmp_path: Path
     expected = [
         f"{where}:2: not valid JSON: Expecting ',' delimiter (column 35)",
         f"{where}:3 (root): a task is a mapping of fields (a JSON object), got a list",
-        f"{where}:4 [t4] domain: must be one of code, agent, math, knowledge, reasoning, general, custom",
+        f"{where}:4 [t4] domain: 'my-maths' is not a domain name: an identifier (letters, digits, _; e.g. code, agent, math, knowledge, reasoning, general, custom, or your own such as sql)",
         f"{where}:4 [t4] limits.timeout_s: must be > 0.0, got -1",
         f"{where}:4 [t4] limits.memroy_mb: unknown field (did you mean 'memory_mb'?)",
         f"{where}:4 [t4] promt: unknown field (did you mean 'prompt'?)",
@@ -128,9 +128,9 @@ def test_yaml_documents_and_lists_carry_their_start_lines(tmp_path: Path) -> Non
 
 def test_yaml_syntax_error_names_its_line_and_keeps_earlier_problems(tmp_path: Path) -> None:
     path = tmp_path / "broken.yml"
-    path.write_text("id: a\ndomain: nope\nprompt: x\nverifier: {name: math}\n---\nid: b\nprompt: : bad\n")
+    path.write_text("id: a\ndomain: no-pe\nprompt: x\nverifier: {name: math}\n---\nid: b\nprompt: : bad\n")
     found = problems_of([path])
-    assert found[0].startswith(f"{path}:1 [a] domain: must be one of")
+    assert found[0].startswith(f"{path}:1 [a] domain: 'no-pe' is not a domain name")
     assert found[1].startswith(f"{path}:7: not valid YAML: mapping values are not allowed here (column 9)")
 
 

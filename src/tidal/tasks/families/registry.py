@@ -98,11 +98,23 @@ def family(
     return register
 
 
+def _load_plugins() -> None:
+    # Installed entry points of group tidal.families: a module registers with @family; a function
+    # is registered under the entry point's name (its `domain` attribute, when set, as its domain).
+    from tidal import plugins
+
+    for name, loaded in plugins.entry_point_objects("tidal.families"):
+        if callable(loaded) and not isinstance(loaded, type(plugins)) and name not in FAMILIES:
+            family(name, domain=getattr(loaded, "domain", None))(loaded)
+
+
 def known_families() -> list[str]:
+    _load_plugins()
     return sorted(FAMILIES)
 
 
 def get_family(name: str) -> FamilySpec:
+    _load_plugins()
     if name not in FAMILIES:
         raise UnknownNameError("task family", name, list(FAMILIES))
     return FAMILIES[name]
