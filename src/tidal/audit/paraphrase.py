@@ -45,14 +45,15 @@ _A = _RNG.integers(1, 2**63 - 1, PERMUTATIONS, dtype=np.uint64) | np.uint64(1)
 _B = _RNG.integers(0, 2**63 - 1, PERMUTATIONS, dtype=np.uint64)
 NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 WORD = re.compile(r"[^\W\d]\w*|\d+(?:\.\d+)?")
-STOPWORDS = frozenset("""
+_FUNCTION_WORDS = """
 a about above after again all also am an and any are as at be been before being below between both but by
 can could did do does doing down during each few for from further had has have having he her here hers him his
 how i if in into is it its itself just me more most my no nor not now of off on once only or other our out over
 own same she should so some such than that the their them then there these they this those through to too under
 until up very was we were what when where which while who whom why will with would you your yours
 give find name tell write please return returns given named called
-""".split())
+"""
+STOPWORDS = frozenset(_FUNCTION_WORDS.split())
 VOWELS = set("aeiouy")
 STRONG = "strong-"  # the prefix of a solution key that pins a whole test set
 WEAK = "weak-"  # the prefix of a short answer's key
