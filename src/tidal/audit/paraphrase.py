@@ -15,9 +15,9 @@ A candidate from the other split is a paraphrase when the exact Jaccard similari
 content-word sets (kept per task, a few hundred bytes) is at least `paraphrase_jaccard` (config,
 0.4), it has the same numbers in the same order (templated siblings such as `7 cards and 5 more`
 and `5 shells and 7 more` are different problems), and it has the same solution: the same solution
-key (duplicates.solution_key: the answer, the canonical reference) or the same expected values in
-its tests when there are at least 3 (expected.py), since a reworded code task often has a reworded
-reference too. Sharing a whole test set is far more specific than sharing a one-word answer, so
+key (duplicates.solution_key: the answer, the canonical reference) or the same tests: at least 3
+assertions holding the same constants, inputs and expected values (`assertion_constants`), since a
+reworded code task often has a reworded reference and renamed functions too. Sharing a whole test set is far more specific than sharing a one-word answer, so
 such a pair needs only half the threshold; a pair whose only common solution is a short answer
 (at most `WEAK_CHARS` characters: "3", "l", "Po") must also share `WEAK_SHARED` content words,
 since short prompts with short answers coincide by chance (`first letter of log` / `of lion`).
@@ -26,6 +26,7 @@ Answers are compared with their case (`BOOK` and `book` answer different tasks).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import re
 import unicodedata
@@ -34,7 +35,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tidal.audit.expected import expectations
+from tidal import pyast
+from tidal.audit.code import test_sources
 from tidal.types import Task
 
 ROWS = 3
@@ -119,17 +121,35 @@ def similarity(a: np.ndarray, b: np.ndarray) -> float:
 def solution_keys(task: Task, solution_key: str) -> frozenset[str]:
     """Keys two tasks with the same solution share: the solution key (`WEAK` when it is an answer
     of at most `WEAK_CHARS` characters, which unrelated tasks share by chance: "3", "l", "Po"), and
-    the tests' expected values when there are at least 3 (`STRONG`: a whole test set's values)."""
+    the tests when at least 3 assertions hold constants (`STRONG`: a whole test set, not one answer)."""
     kind, _, value = solution_key.partition(":")
     if kind in ("answer", "pattern"):
         # Case kept: "BOOK, BOOK" and "book, book" answer two tasks, not one reworded.
         value = " ".join(unicodedata.normalize("NFKC", str(task.verifier.args[kind])).split())
         solution_key = f"{kind}:{value}"
     keys = {(WEAK if kind in ("answer", "pattern") and len(value) <= WEAK_CHARS else "") + solution_key}
-    expected = sorted(" ".join(e.tokens) for e in expectations(task))
-    if len(expected) >= 3:
-        keys.add(STRONG + "expected:" + hashlib.sha256("\x00".join(expected).encode()).hexdigest()[:32])
+    asserted = assertion_constants(task)
+    if len(asserted) >= 3:
+        keys.add(STRONG + "tests:" + hashlib.sha256(repr(sorted(asserted)).encode()).hexdigest()[:32])
     return frozenset(keys)
+
+
+def assertion_constants(task: Task) -> list[tuple[str, ...]]:
+    """Per assertion of the task's Python tests, the constants it holds (inputs and expected
+    values: `is_palindrome('level') == True` -> ('level', True)), whatever the names are."""
+    found: list[tuple[str, ...]] = []
+    for source in test_sources(task).values():
+        try:
+            tree = pyast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert) or (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                                                and node.func.attr.startswith("assert")):
+                constants = tuple(repr(c.value) for c in ast.walk(node) if isinstance(c, ast.Constant))
+                if constants:
+                    found.append(constants)
+    return found
 
 
 def _bare(keys: frozenset[str]) -> frozenset[str]:
