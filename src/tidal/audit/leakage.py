@@ -13,10 +13,13 @@ Text is compared after normalisation (NFKC, case folded, whitespace collapsed).
   anything; a few worked examples are fine): `warn`; in one starting file: `quarantine`.
 
 Expected values (expected.py) are searched as tokens, so a JSON map, a CSV or a listing of them is
-found whatever its punctuation: a starting file the solution can read that holds one assertion's
-expected value (at least two tokens and `leak_min_chars` characters, not already stated in the
-prompt), holds every expected value of the tests in order, or is exactly one expected value or
-the text answer: `quarantine`. A file an assertion itself reads (an input the test checks is left
+found whatever its punctuation. A starting file the solution can read that is an answer key
+(`_answer_key`: the values, in order, make up at least `ANSWER_KEY_SHARE` of its tokens, or its
+name says expected/answer/solution/grader/key/...) for one assertion's expected value (at least
+two tokens and `leak_min_chars` characters, not already stated in the prompt) or for every
+expected value of the tests, or a file that is exactly one expected value or the text answer:
+`quarantine`. An input holding the value amid other data (a config file the task asks to read the
+port from) is not an answer key. A file an assertion itself reads (an input the test checks is left
 unchanged) is no leak for that assertion. Every expected value of at least three assertions in
 the prompt: `warn` (a prompt may state the spec's examples; all of them is the test set).
 """
@@ -38,6 +41,7 @@ from tidal.types import Task
 CHECK = "leakage"
 TOKEN = re.compile(r"\w+|[^\w\s]")
 MIN_TOKENS = 8  # references shorter than this are not judged by token overlap
+ANSWER_KEY_SHARE = 0.5  # of a file's tokens the expected values must make up (unless its name says "answer")
 
 
 def norm(text: str) -> str:
@@ -100,6 +104,19 @@ def check_leakage(task: Task, ctx: AuditContext, measurements: dict[str, Any]) -
     return findings + expected_value_leaks(task, minimum)
 
 
+KEY_NAME = re.compile(r"expect|answer|solution|solve|grade|golden|oracle|key|check|result", re.IGNORECASE)
+
+
+def _answer_key(name: str, text: list[str], needle: tuple[str, ...]) -> bool:
+    """Whether a starting file reads as an answer key for `needle`: it holds the values in order
+    and either they are at least half of its tokens or its name says so (expected.json,
+    grader_notes.txt). An input the task asks to pick a value out of (a config file holding the
+    port) has the value amid much else, and is not one."""
+    if not contains(text, needle):
+        return False
+    return len(needle) >= ANSWER_KEY_SHARE * len(text) or bool(KEY_NAME.search(name))
+
+
 def expected_value_leaks(task: Task, minimum: int) -> list[Finding]:
     """The tests' expected values (or the text answer) readable in a starting file or the prompt;
     rules in the module docstring. At most one finding per place."""
@@ -117,7 +134,7 @@ def expected_value_leaks(task: Task, minimum: int) -> list[Finding]:
         where = f"files/{name}"
         whole = next((e for e in expected if name not in e.reads and tuple(text) == e.tokens), None)
         single = next((e for e in expected if name not in e.reads and len(e.tokens) >= 2 and e.chars >= minimum
-                       and not contains(prompt, e.tokens) and contains(text, e.tokens)), None)
+                       and not contains(prompt, e.tokens) and _answer_key(name, text, e.tokens)), None)
         if whole is not None or single is not None:
             hit = whole or single
             assert hit is not None
@@ -125,7 +142,7 @@ def expected_value_leaks(task: Task, minimum: int) -> list[Finding]:
             findings.append(Finding(CHECK, "quarantine", f"the {where} {what} the expected value of {hit.where}: the "
                                     "solution can read the answer", {"where": where, "expected": " ".join(hit.tokens)[:500],
                                                                      "assertion": hit.where}))
-        elif len(free) >= 2 and len(every) >= 3 and contains(text, every):
+        elif len(free) >= 2 and len(every) >= 3 and _answer_key(name, text, every):
             findings.append(Finding(CHECK, "quarantine", f"the {where} holds every expected value of the tests "
                                     f"({len(free)} assertions), in order: the solution can read the answers",
                                     {"where": where, "expected": " ".join(every)[:500]}))

@@ -85,6 +85,19 @@ def test_every_expected_value_in_the_prompt_warns() -> None:
     assert leaks(code_task({}, prompt="Write nth_prime(n); for example nth_prime(5) is 11.")) == []
 
 
+def test_an_input_to_pick_the_answer_from_is_not_a_leak() -> None:
+    config = "[client]\nport = 8080\nhost = localhost\n\n[server]\nport = 9443\nhost = db-main.internal\n"
+    tests = ("from pathlib import Path\n\ndef test_host():\n    assert Path('host.txt').read_text().strip() == "
+             "'db-main.internal'\n\ndef test_port():\n    assert Path('port.txt').read_text().strip() == '9443'\n")
+    task = Task.model_validate({"id": "t", "domain": "agent", "prompt": "Write the [server] host of config.ini to host.txt "
+                                "and its port to port.txt.", "tools": ["bash", "submit"], "max_steps": 5,
+                                "verifier": {"name": "python_tests"}, "tests": {"test_config.py": tests},
+                                "files": {"config.ini": config}})
+    assert leaks(task) == []
+    notes = task.model_copy(update={"files": {**task.files, "notes.txt": "db-main.internal 9443\n"}})
+    assert leaks(notes) == [("quarantine", "files/notes.txt")]
+
+
 def test_inputs_and_kept_files_are_not_leaks() -> None:
     # Built-in chores: data files are inputs; an assertion that words.txt is unchanged reads it.
     for task in generate_tasks("agent", 10, "train", 3, 1, 5):
