@@ -107,6 +107,16 @@ class TaskFolderError(TaskFormatError):
     """A terminal-task folder with missing or malformed files; one `FOLDER/FILE: message` per problem."""
 
 
+class AuditInputError(TidalError):
+    """`tidal audit` input with nothing to audit: a path that does not exist or cannot be read, a
+    folder holding no task file or task folder, files holding no record. One line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        lines = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"nothing to audit: {len(problems)} problem(s) with the input\n{lines}")
+
+
 class QuarantineError(TidalError):
     """A quarantine list (audit/quarantine.py) that cannot be read or does not have its format."""
 

@@ -81,6 +81,7 @@ class AuditContext:
 
     def __post_init__(self) -> None:
         self.duplicates.threshold = self.config.near_duplicate
+        self.duplicates.paraphrases.threshold = self.config.paraphrase_jaccard
 
     # ----------------------------------------------------------------------------------- sandbox
 

@@ -9,7 +9,10 @@ are kept, a few hundred bytes per task):
   candidate is a near-duplicate when its estimated Jaccard similarity is at least
   `near_duplicate` *and* its solution key is the same (templated prompts that differ in one number
   have different solutions and are not duplicates);
-- **code**: the reference's AST with identifiers renamed by first use, constants kept.
+- **code**: the reference's AST with identifiers renamed by first use, constants kept;
+- **paraphrase** (paraphrase.py), across splits only: the prompts' content words (numbers,
+  punctuation and case normalised, function words dropped, light stemming) have an estimated
+  Jaccard similarity of at least `paraphrase_jaccard`, the same numbers, and the same solution.
 
 The later task of a pair gets the finding, naming the earlier one; severities by split are in
 docs/design/audit.md, "The checks". `checks.check_duplicates` calls the index (`ctx.duplicates`).
@@ -30,6 +33,7 @@ import numpy as np
 
 from tidal import pyast
 from tidal.audit.code import reference_code
+from tidal.audit.paraphrase import ParaphraseIndex, solution_keys
 from tidal.audit.records import Finding
 from tidal.types import Task
 
@@ -124,6 +128,7 @@ class DuplicateIndex:
     code: dict[str, tuple[str, str]] = field(default_factory=dict)
     buckets: dict[tuple[int, bytes], list[int]] = field(default_factory=lambda: defaultdict(list))
     entries: list[tuple[str, str, str, np.ndarray]] = field(default_factory=list)  # id, split, solution, signature
+    paraphrases: ParaphraseIndex = field(default_factory=ParaphraseIndex)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def check(self, task: Task) -> list[Finding]:
@@ -160,6 +165,12 @@ class DuplicateIndex:
                 findings.append(self._finding("code", task, *self.code[code_key], 1.0))
             else:
                 self.code[code_key] = (task.id, task.split)
+        paraphrase, paraphrase_bands, paraphrase_entry = self.paraphrases.match(task, prompt, solution_keys(task, solution))
+        if paraphrase is not None and not findings:
+            findings.append(self._finding("paraphrase", task, paraphrase.other_id, paraphrase.other_split,
+                                          paraphrase.similarity))
+            findings[-1].evidence["estimated_similarity"] = round(paraphrase.estimated, 3)
+        self.paraphrases.add(paraphrase_bands, paraphrase_entry)
         index = len(self.entries)
         self.entries.append((task.id, task.split, solution, signature))
         for key in bands:
@@ -172,7 +183,8 @@ class DuplicateIndex:
         severity = {("exact", True): "quarantine", ("exact", False): "warn"}.get(
             (kind, across), "warn" if across else "info")
         what = {"exact": "an exact duplicate", "near": f"a near-duplicate (similarity {score:.2f})",
-                "code": "the same problem (same canonical reference code)"}[kind]
+                "code": "the same problem (same canonical reference code)",
+                "paraphrase": f"a paraphrase (content-word similarity {score:.2f}, same numbers and solution)"}[kind]
         where = f"across splits ({task.split} vs {other_split})" if across else f"within the {task.split} split"
         return Finding(CHECK, severity, f"{what} of {other_id}, {where}",  # type: ignore[arg-type]
                        {"kind": kind, "duplicate_of": other_id, "similarity": round(score, 3), "across_splits": across})

@@ -5,7 +5,7 @@ One expected value is flipped: in the first test assertion that compares with a 
 (`assert f(2) == 31`, either side), the literal is changed (31 -> 32, "a" -> "ax", True -> False,
 a list gets one more element); for `program_io`, the first case's expected output; for
 `exact_match`/`math`, the expected answer (and the aliases are dropped). The reference is then
-scored against that variant. If it still gets full marks, the verifier is not checking what the
+scored against that variant (an agent task's as an oracle episode, episodes.py). If it still gets full marks, the verifier is not checking what the
 task claims (an assert that never runs, a comparison that is always true, a verifier that ignores
 its answer): `quarantine`. A task with nothing to flip gets an `info` finding.
 """
@@ -18,6 +18,7 @@ from typing import Any
 from tidal import pyast
 from tidal.audit.code import test_sources
 from tidal.audit.context import AuditContext
+from tidal.audit.episodes import is_multi_turn, oracle_episode_score
 from tidal.audit.records import Finding
 from tidal.tasks.reference import reference_answer
 from tidal.types import Outcome, Task
@@ -105,7 +106,10 @@ def check_impossible_variant(task: Task, ctx: AuditContext, measurements: dict[s
         return [Finding(CHECK, "info", "nothing to flip: no assertion compares with a literal")] \
             if task.verifier.name == "python_tests" else []
     variant, what = made
-    score = ctx.score(variant, reference_answer(task))
+    if is_multi_turn(task):
+        score, _ = oracle_episode_score(variant, ctx)
+    else:
+        score = ctx.score(variant, reference_answer(task))
     if score.outcome is not Outcome.PASSED:
         return []
     return [Finding(CHECK, "quarantine",

@@ -10,7 +10,18 @@ Text is compared after normalisation (NFKC, case folded, whitespace collapsed).
   `quarantine`; a shorter answer as a whole word is `info`, since for many tasks (the largest of
   a list, a letter of a word) the answer is rightly a part of the question;
 - every I/O case's expected output in the prompt (a program could print them without solving
-  anything; a few worked examples are fine): `warn`.
+  anything; a few worked examples are fine): `warn`; in one starting file: `quarantine`.
+
+Expected values (expected.py) are searched as tokens, so a JSON map, a CSV or a listing of them is
+found whatever its punctuation. A starting file the solution can read that is an answer key
+(`_answer_key`: the values, in order, make up at least `ANSWER_KEY_SHARE` of its tokens, or its
+name says expected/answer/solution/grader/key/...) for one assertion's expected value (at least
+two tokens and `leak_min_chars` characters, not already stated in the prompt) or for every
+expected value of the tests, or a file that is exactly one expected value or the text answer:
+`quarantine`. An input holding the value amid other data (a config file the task asks to read the
+port from) is not an answer key. A file an assertion itself reads (an input the test checks is left
+unchanged) is no leak for that assertion. Every expected value of at least three assertions in
+the prompt: `warn` (a prompt may state the spec's examples; all of them is the test set).
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from typing import Any
 
 from tidal.audit.code import is_python_program, test_sources
 from tidal.audit.context import AuditContext
+from tidal.audit.expected import Expectation, contains, expectations, tokens
 from tidal.audit.records import Finding
 from tidal.reward.verifiers.python_tests import extract_code
 from tidal.types import Task
@@ -29,6 +41,7 @@ from tidal.types import Task
 CHECK = "leakage"
 TOKEN = re.compile(r"\w+|[^\w\s]")
 MIN_TOKENS = 8  # references shorter than this are not judged by token overlap
+ANSWER_KEY_SHARE = 0.5  # of a file's tokens the expected values must make up (unless its name says "answer")
 
 
 def norm(text: str) -> str:
@@ -81,9 +94,61 @@ def check_leakage(task: Task, ctx: AuditContext, measurements: dict[str, Any]) -
     cases = task.verifier.args.get("cases")
     if isinstance(cases, list) and cases:
         outputs = [norm(str(c.get("output", ""))) for c in cases if isinstance(c, dict)]
-        if outputs and all(output and _found(output, shown) for output in outputs):
+        in_file = next((w for w in shown if w != "prompt" and all(o and o in shown[w] for o in outputs)), None)
+        if outputs and in_file:
+            findings.append(Finding(CHECK, "quarantine", f"all {len(outputs)} expected outputs are in the {in_file}",
+                                    {"where": in_file, "outputs": outputs[:20]}))
+        elif outputs and all(output and _found(output, shown) for output in outputs):
             findings.append(Finding(CHECK, "warn", f"all {len(outputs)} expected outputs are in what the model sees",
                                     {"outputs": outputs[:20]}))
+    return findings + expected_value_leaks(task, minimum)
+
+
+KEY_NAME = re.compile(r"expect|answer|solution|solve|grade|golden|oracle|key|check|result", re.IGNORECASE)
+
+
+def _answer_key(name: str, text: list[str], needle: tuple[str, ...]) -> bool:
+    """Whether a starting file reads as an answer key for `needle`: it holds the values in order
+    and either they are at least half of its tokens or its name says so (expected.json,
+    grader_notes.txt). An input the task asks to pick a value out of (a config file holding the
+    port) has the value amid much else, and is not one."""
+    if not contains(text, needle):
+        return False
+    return len(needle) >= ANSWER_KEY_SHARE * len(text) or bool(KEY_NAME.search(name))
+
+
+def expected_value_leaks(task: Task, minimum: int) -> list[Finding]:
+    """The tests' expected values (or the text answer) readable in a starting file or the prompt;
+    rules in the module docstring. At most one finding per place."""
+    prompt = tokens(" ".join(m["content"] for m in task.messages()))
+    files = {name: tokens(content) for name, content in task.files.items()}
+    expected = expectations(task)
+    args = task.verifier.args
+    if task.verifier.name in ("exact_match", "math") and args.get("answer") not in (None, ""):
+        expected += [Expectation("verifier.answer", tuple(t), frozenset())
+                     for a in [args["answer"], *(args.get("aliases") or [])] if (t := tokens(str(a)))]
+    findings: list[Finding] = []
+    free = [e for e in expected if not e.reads]
+    every = tuple(t for e in free for t in e.tokens)
+    for name, text in files.items():
+        where = f"files/{name}"
+        whole = next((e for e in expected if name not in e.reads and tuple(text) == e.tokens), None)
+        single = next((e for e in expected if name not in e.reads and len(e.tokens) >= 2 and e.chars >= minimum
+                       and not contains(prompt, e.tokens) and _answer_key(name, text, e.tokens)), None)
+        if whole is not None or single is not None:
+            hit = whole or single
+            assert hit is not None
+            what = "is exactly" if whole is not None else "holds"
+            findings.append(Finding(CHECK, "quarantine", f"the {where} {what} the expected value of {hit.where}: the "
+                                    "solution can read the answer", {"where": where, "expected": " ".join(hit.tokens)[:500],
+                                                                     "assertion": hit.where}))
+        elif len(free) >= 2 and len(every) >= 3 and _answer_key(name, text, every):
+            findings.append(Finding(CHECK, "quarantine", f"the {where} holds every expected value of the tests "
+                                    f"({len(free)} assertions), in order: the solution can read the answers",
+                                    {"where": where, "expected": " ".join(every)[:500]}))
+    if len(free) >= 3 and contains(prompt, every):
+        findings.append(Finding(CHECK, "warn", f"the prompt holds every expected value of the tests ({len(free)} "
+                                "assertions)", {"where": "prompt", "expected": " ".join(every)[:500]}))
     return findings
 
 

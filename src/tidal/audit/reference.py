@@ -7,7 +7,8 @@ a different test order: run 0 as written, run 1 reversed, run i >= 2 shuffled wi
 the top-level tests of every module (pytest runs them in definition order) and the modules
 (python_tests' `test_order`). Tests that pass only after another set module state, or depend on
 set/dict iteration order, fail some runs. `program_io` reorders its cases; text verifiers are
-pure and run once.
+pure and run once. An agent task's reference (a shell script) runs as an oracle episode
+(episodes.py), with the same seeds and test orders.
 
 **Verdicts.** Every run fails: `quarantine`, classified from the verifier's evidence (missing
 module, network, timeout, memory, crash, task error, else a wrong expectation). Some runs fail:
@@ -25,6 +26,7 @@ from typing import Any
 from tidal import pyast
 from tidal.audit.code import test_sources
 from tidal.audit.context import SANDBOX_VERIFIERS, AuditContext, ReferenceRun
+from tidal.audit.episodes import is_multi_turn, oracle_episode_score
 from tidal.audit.records import Finding
 from tidal.reward.verifiers.python_tests import pytest_targets
 from tidal.tasks.reference import reference_answer
@@ -103,11 +105,15 @@ def variant(task: Task, order: str) -> Task:
 
 def run_reference(task: Task, ctx: AuditContext) -> list[ReferenceRun]:
     """The k runs of the reference (see the module docstring), concurrently."""
-    answer = reference_answer(task)
-    runs = ctx.config.reference_runs if task.verifier.name in SANDBOX_VERIFIERS else 1
+    agent = is_multi_turn(task)
+    answer = "" if agent else reference_answer(task)
+    runs = ctx.config.reference_runs if agent or task.verifier.name in SANDBOX_VERIFIERS else 1
 
     def one(index: int) -> ReferenceRun:
         order = order_name(index)
+        if agent:  # a shell script run in an oracle episode, as `tidal eval --model oracle` does
+            score, wall_s = oracle_episode_score(variant(task, order), ctx, hash_seed=index)
+            return ReferenceRun(index, order, score, wall_s)
         score, result = ctx.measured(variant(task, order), answer, hash_seed=index)
         if result is None:
             return ReferenceRun(index, order, score)
@@ -182,6 +188,8 @@ def check_limits(task: Task, ctx: AuditContext, measurements: dict[str, Any]) ->
     memory is compared only where the sandbox measured it (a cgroup host)."""
     if task.reference is None or not task.reference.strip() or task.verifier.name not in SANDBOX_VERIFIERS:
         return []
+    if is_multi_turn(task):
+        return []  # an agent task's limits bind each command, not the episode an oracle run measures
     runs = [r for r in ctx.reference_runs(task, run_reference) if r.score.outcome is Outcome.PASSED]
     if not runs:
         return []  # the reference check says why

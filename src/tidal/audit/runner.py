@@ -25,8 +25,9 @@ from tidal.audit.checks import Check, select_checks
 from tidal.audit.context import AuditContext, Policy
 from tidal.audit.records import TaskAudit, summarise
 from tidal.audit.schema_check import record_findings
-from tidal.audit.source import Record, stream_records
+from tidal.audit.source import Record, input_problems, stream_records
 from tidal.config.schema import AuditConfig
+from tidal.errors import AuditInputError
 from tidal.reward.registry import known_verifiers
 from tidal.types import Task
 
@@ -83,8 +84,13 @@ def audit_tasks(
 ) -> AuditResult:
     """Audit every task record under `paths`. `checks` names the checks to run (default all;
     `difficulty` only with a `policy`); `progress` shows a bar (default: when stderr is a TTY).
-    Raises `SandboxUnavailableError` up front when a scoring check needs a sandbox that cannot run."""
+    Raises `AuditInputError` when the input holds nothing to audit (a missing or unreadable path, a
+    folder with no task file or task folder, files with no record) and `SandboxUnavailableError`
+    up front when a scoring check needs a sandbox that cannot run."""
     paths = [str(p) for p in paths]
+    problems = input_problems(paths) if paths else ["no task files or folders given"]
+    if problems:
+        raise AuditInputError(problems)
     chosen = select_checks(checks, cheap_only)
     if policy is None:
         chosen = [c for c in chosen if c.cost != "policy"]
@@ -133,6 +139,8 @@ def audit_tasks(
             pending.append((audit, future))
             finish(2 * max(1, jobs))
         finish(0)
+    if not audits:
+        raise AuditInputError([f"{', '.join(paths)}: no task records (the files are empty)"])
     names = [c.name for c in chosen]
     return AuditResult(audits, summarise(audits, time.perf_counter() - began), names, paths)
 

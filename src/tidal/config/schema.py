@@ -430,6 +430,9 @@ class AuditConfig(Section):
                                   "shingles above which they are near-duplicates")
     policy_samples: int = Field(8, ge=1, le=1024, description="samples per task for the difficulty estimate (pass@k)")
     watch: WatchConfig = Field(default_factory=WatchConfig)
+    paraphrase_jaccard: float = Field(0.4, gt=0, le=1, description="estimated Jaccard similarity of two tasks' "
+                                      "content words (other split, same numbers and solution) from which one "
+                                      "paraphrases the other")
 
 
 class ReplayConfig(Section):

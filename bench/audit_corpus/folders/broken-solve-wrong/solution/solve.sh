@@ -1,0 +1,1 @@
+sort names.txt | tr a-z A-Z > upper.txt

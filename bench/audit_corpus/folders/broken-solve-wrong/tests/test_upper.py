@@ -1,0 +1,5 @@
+from pathlib import Path
+
+
+def test_upper():
+    assert Path('upper.txt').read_text().split() == ['ADA', 'GRACE', 'LINUS']

@@ -1,0 +1,1 @@
+wc -w < story.txt | tr -d ' ' > words.txt
