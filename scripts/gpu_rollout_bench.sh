@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The rollout engine's GPU checks in one go (≤ 8 minutes on an H100/H200), for a lent GPU machine:
-#   1. the `gpu` tests of the engine (tests/gpu/test_cuda_graphs.py, tests/gpu/test_cuda_paths.py);
+#   1. the `gpu` tests of the engine (tests/gpu/test_gpu_decode_graphs.py, tests/gpu/test_cuda_paths.py);
 #   2. bench/rollout.py on the GPU (embedded engine vs HF generate, GRPO groups) -> "Rollout on a GPU";
 #   3. bench/rollout_graphs.py (CUDA graphs vs the dynamic forward) -> "Rollout: CUDA graphs for decode steps".
 # Each step has its own time limit, so one that hangs cannot eat the others' time. The real
@@ -29,7 +29,7 @@ MODELS=(tiny)
 } 2>&1 | tee "$OUT/env.log"
 
 status=0
-timeout 150 python3 -m pytest -m gpu tests/gpu/test_cuda_graphs.py tests/gpu/test_cuda_paths.py -x -q -p no:cacheprovider \
+timeout 150 python3 -m pytest -m gpu tests/gpu/test_gpu_decode_graphs.py tests/gpu/test_cuda_paths.py -x -q -p no:cacheprovider \
     > "$OUT/gpu_tests.log" 2>&1 || status=1
 tail -3 "$OUT/gpu_tests.log"
 timeout 150 python3 bench/rollout.py --device cuda --prompts 64 --repeats 3 --model "${MODELS[@]}" \
