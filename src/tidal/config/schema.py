@@ -95,6 +95,10 @@ class RolloutConfig(Section):
     speculative: SpeculativeConfig | None = Field(
         None, description="speculative decoding in the embedded engine's batch (config/engine.py); None: plain decoding"
     )
+    cuda_graphs: Literal["auto", "off"] = Field(
+        "auto", description="auto: the embedded engine replays its decode-only steps from CUDA graphs where CUDA is "
+        "available (rollout/cuda_graphs.py); off: never"
+    )
 
     @model_validator(mode="after")
     def _http_has_server(self) -> RolloutConfig:

@@ -25,6 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tidal.errors import PreemptedError
 from tidal.rollout.blocks import BlockPool, PoolStats
+from tidal.rollout.cuda_graphs import StaticDecode, decode_forward, graphs_available
 from tidal.rollout.lean import LeanDecoder
 from tidal.rollout.paged import Chunk, DecodeView, PagedDecoder, StepInput, matmul_rate
 from tidal.rollout.sampling import (
@@ -55,6 +56,7 @@ MAX_AUTO_BLOCKS = 1 << 16
 # "model": compute in the model's own dtype; "auto": bfloat16 where a matmul of the decode shape
 # runs at least AUTO_BF16_GAIN times faster in it than in the model's dtype on this device.
 DTYPES = ("model", "float32", "bfloat16", "auto")
+GRAPH_MODES = ("auto", "off", "eager")
 AUTO_BF16_GAIN = 1.3
 
 
@@ -73,7 +75,9 @@ class EmbeddedEngine:
     "auto" (bfloat16 where it measures faster here; the sampler's logprobs are then bf16's, and
     the trainer takes them as the behaviour policy's as they are); `speculative`: rows draft tokens
     by prompt lookup and verify them in the batch's forward (rollout/speculative_batch.py; the
-    samples keep the target distribution, `speculative_stats` counts drafts). Other architectures:
+    samples keep the target distribution, `speculative_stats` counts drafts); `cuda_graphs`: "auto"
+    (decode-only steps replayed from CUDA graphs where CUDA is there, rollout/cuda_graphs.py),
+    "off", or "eager" (the graphs' padded computation run op by op: the CPU tests' way in). Other architectures:
     `tidal.rollout.static.StaticEngine`.
     """
 
@@ -90,6 +94,7 @@ class EmbeddedEngine:
         decode_attention: str = "view",
         dtype: str = "model",
         speculative: Speculation | None = None,
+        cuda_graphs: str = "auto",
     ) -> None:
         problems = []
         if max_batch_rows is not None and max_batch_rows < 1:
@@ -102,6 +107,8 @@ class EmbeddedEngine:
             problems.append(f"prefill_chunk={prefill_chunk} must be >= 1")
         if dtype not in DTYPES:
             problems.append(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}")
+        if cuda_graphs not in GRAPH_MODES:
+            problems.append(f"cuda_graphs={cuda_graphs!r} must be one of {', '.join(GRAPH_MODES)}")
         if decode_attention not in ("view", "gather"):
             problems.append(f"decode_attention={decode_attention!r} must be 'view' or 'gather'")
         if problems:
@@ -123,7 +130,7 @@ class EmbeddedEngine:
         # What an engine on a copy of this model is built with (the pipeline's backends).
         self.options = {"kv_block_size": kv_block_size, "kv_blocks": kv_blocks, "prefill_chunk": prefill_chunk,
                         "prefix_cache": prefix_cache, "decode_attention": decode_attention, "dtype": dtype,
-                        "speculative": speculative}
+                        "speculative": speculative, "cuda_graphs": cuda_graphs}
         self._version = 0
         self.eos_ids = eos_ids(model, tokenizer)
         self.dtype = _pick_dtype(model, dtype)
@@ -139,6 +146,9 @@ class EmbeddedEngine:
         self._speculation = None if speculative is None else BatchSpeculation(speculative)
         self._scheduler = Scheduler(self.pool, view, max_batch_rows, prefill_chunk, self.eos_ids, tokenizer, shared,
                                     self._speculation)
+        self._graphs = cuda_graphs
+        self._static: StaticDecode | None = None
+        self._build_static()
         self._lock = threading.RLock()  # one driver at a time: generate() and the batcher's step()
 
     @classmethod
@@ -147,7 +157,8 @@ class EmbeddedEngine:
         """The engine `rollout` (the config's `rollout` section) describes."""
         return cls(model, tokenizer, device, max_batch_rows, kv_block_size=rollout.kv_block_size,
                    kv_blocks=rollout.kv_blocks, prefill_chunk=rollout.prefill_chunk, prefix_cache=rollout.prefix_cache,
-                   dtype=rollout.engine_dtype, speculative=_speculation(rollout))
+                   dtype=rollout.engine_dtype, speculative=_speculation(rollout),
+                   cuda_graphs=getattr(rollout, "cuda_graphs", "auto"))
 
     @property
     def weight_version(self) -> int:
@@ -355,7 +366,27 @@ class EmbeddedEngine:
                 pool.release(held)
 
     def _forward(self, step: StepInput) -> Tensor:
+        if self._static is not None and self._static.decoder is not self._forward_pass:  # the forward was rebuilt
+            self._build_static()
+        return decode_forward(self._static, self._dynamic)(step)
+
+    def _dynamic(self, step: StepInput) -> Tensor:
         return self._forward_pass.forward(step, self.pool, self._scheduler.view)
+
+    def _build_static(self) -> None:
+        """The decode-graph path for the current forward, where `cuda_graphs` and the device allow."""
+        view = self._scheduler.view
+        if self._static is not None:
+            self.pool.release([self._static.scratch_block])
+            self._static = None
+        wanted = self._graphs == "eager" or (self._graphs == "auto" and graphs_available(self.device))
+        if wanted and view is not None:
+            self._static = StaticDecode(self._forward_pass, self.pool, view, graphs=self._graphs == "auto")
+
+    @property
+    def graph_replays(self) -> int:
+        """Decode steps served by the static path (CUDA graph replays, or its eager runs)."""
+        return 0 if self._static is None else self._static.replays
 
 
 def _speculation(rollout: RolloutConfig) -> Speculation | None:

@@ -41,8 +41,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from collections.abc import Iterator
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 

@@ -97,6 +97,7 @@ class DecodeView:
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
         self.rows = self.capacity = 0
+        self.generation = 0  # bumped whenever the tensors are reallocated (CUDA graphs hold their addresses)
 
     def reserve(self, rows: int, capacity: int) -> None:
         """Room for `rows` rows of `capacity` positions, keeping what is there (grows by doubling)."""
@@ -116,6 +117,7 @@ class DecodeView:
                 else:
                     store.append(grown)
         self.rows, self.capacity = new_rows, new_capacity
+        self.generation += 1
 
     def load(self, pool: BlockPool, row: int, slots: Tensor) -> None:
         """Row `row` := the keys and values at pool `slots` (L,), positions [0, L)."""

@@ -14,6 +14,12 @@ the most recently admitted sequence (prefilling ones first, by the same order) g
 back and goes to the front of the queue with its generated tokens appended to its prompt; it
 keeps its tokens, logprobs and random generator, so once re-prefilled it samples on exactly as if
 it had never stopped. A pool too small for even one sequence is a typed error, never an OOM.
+
+Speculative decoding (`speculation`, rollout/speculative_batch.py): before each step every
+decoding row may draft up to k tokens (blocks for them are taken only where free: drafts never
+preempt); a drafting row feeds its last token and its drafts in the same packed forward, its
+verdict keeps the accepted drafts plus one token, and its computed length advances past the kept
+drafts only, so the next step overwrites the rest.
 """
 
 from __future__ import annotations

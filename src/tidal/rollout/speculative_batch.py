@@ -114,9 +114,9 @@ def verify_rows(
         flat = probs.reshape(rows * positions, vocab)
         flat = _top_p(flat, masses.repeat_interleave(positions))
         probs = (flat / flat.sum(dim=-1, keepdim=True)).view(rows, positions, vocab)
-    argmax = logits.argmax(dim=-1)  # (B, K + 1)
-    one_hot = torch.nn.functional.one_hot(argmax, vocab).to(probs.dtype)
-    probs = torch.where(greedy[:, None, None], one_hot, probs)  # a point mass at the argmax when greedy
+    if bool(greedy.any()):  # a point mass at the argmax for the greedy rows
+        chosen = greedy.nonzero().squeeze(1)
+        probs[chosen] = torch.nn.functional.one_hot(logits[chosen].argmax(dim=-1), vocab).to(probs.dtype)
 
     uniforms = _row_uniforms(generators, shared, [len(d) for d in drafts], positions, device)  # (B, K + 1)
     drafted = positions - 1
