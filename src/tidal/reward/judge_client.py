@@ -56,7 +56,7 @@ def chat(endpoint: str, model: str, messages: list[dict[str, str]], *, api_key: 
             problem = f"HTTP {error.code} from {endpoint}: {detail}"
             if error.code not in RETRY_STATUS:
                 raise JudgeUnavailable(problem, attempt + 1) from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             problem = f"no reply from {endpoint} within {timeout_s:g} s"
         except (urllib.error.URLError, ConnectionError, OSError) as error:
             reason = getattr(error, "reason", error)

@@ -36,7 +36,7 @@ class ScriptedJudge:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 step = judge._next({"body": body, "headers": dict(self.headers), "path": self.path})
                 time.sleep(step.delay_s)
@@ -74,10 +74,10 @@ class ScriptedJudge:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
-    def __enter__(self) -> ScriptedJudge:
+    def __enter__(self) -> ScriptedJudge:  # noqa: PYI034
         self.thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()

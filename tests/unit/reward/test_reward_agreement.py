@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tidal.reward.agreement import agreement, agreement_metrics, cohen_kappa, ranks, spearman
+from tidal.reward.agreement import (
+    agreement,
+    agreement_metrics,
+    cohen_kappa,
+    ranks,
+    spearman,
+)
 
 
 def test_perfect_and_inverted_agreement() -> None:

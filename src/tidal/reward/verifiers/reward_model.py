@@ -22,7 +22,11 @@ from typing import Any
 
 from tidal.gate.judge_hack import JUDGE_HACK, MODEL_JUDGED, judge_hack_reasons
 from tidal.reward.base import ScoringContext, check_answer, task_problem, verifier
-from tidal.reward.model_args import ModelArgsError, RewardModelArgs, parse_reward_model_args
+from tidal.reward.model_args import (
+    ModelArgsError,
+    RewardModelArgs,
+    parse_reward_model_args,
+)
 from tidal.types import Outcome, Score, Task
 
 RUBRIC_PROMPT = ("Rubric: {rubric}\n\nQuestion: {prompt}\n\nAnswer: {answer}\n\n"
@@ -70,8 +74,12 @@ def load(args: RewardModelArgs) -> LoadedScorer:
     with _LOAD_LOCK:
         if key in _LOADED:
             return _LOADED[key]
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import (
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoModelForSequenceClassification,
+            AutoTokenizer,
+        )
 
         device = _device(args.device)
         try:
