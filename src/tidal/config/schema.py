@@ -180,7 +180,8 @@ class DomainConfig(Section):
             known = set(known_verifiers())
             unknown = [n for n in names if n != "task" and n not in known]
             if unknown:
-                raise ValueError(f"verifiers: unknown verifier {unknown[0]!r}; known: task, {', '.join(sorted(known))}")
+                raise ValueError(f"verifiers: unknown verifier {unknown[0]!r}; known: task, {', '.join(sorted(known))} "
+                                 "(a plugin's? name it in `imports:` or with --import)")
         if self.normaliser.kind == "per_reward" and not self.verifiers:
             raise ValueError("normaliser: kind per_reward needs `verifiers` (the sub-rewards to normalise)")
         return self

@@ -107,3 +107,27 @@ def test_the_config_accepts_them(tmp_path) -> None:  # type: ignore[no-untyped-d
     for name in ("gspo", "cispo"):
         cfg = load_config(None, ["tasks.domains.math.family=math", f"algorithm.loss={name}"])
         assert cfg.algorithm.loss == name
+
+
+@pytest.mark.parametrize(("name", "aggregation"), [("gspo", "sequence"), ("gspo", "token"), ("cispo", "token")])
+def test_the_trainer_updates_with_them_and_micro_batches_sum_to_the_batch(name: str, aggregation: str) -> None:
+    import copy
+
+    from trainer.tiny import build_model, random_batch  # tests/unit/trainer: the trainer tests' tiny model
+
+    from tidal.config.schema import AlgorithmConfig, TrainerConfig
+    from tidal.trainer.trainer import Trainer
+
+    model = build_model(seed=3, dtype=torch.float64)
+    batch = random_batch(model, batch=6, seed=4, noise=0.3)
+    states = []
+    for micro in (6, 2):
+        trainer = Trainer(copy.deepcopy(model), TrainerConfig(lr=1e-3, micro_batch_size=micro, precision="fp32"),
+                          AlgorithmConfig(loss=name, aggregation=aggregation), "cpu", total_steps=5)
+        metrics = trainer.rl_step(batch)
+        assert math.isfinite(metrics["policy_loss"]) and metrics["grad_norm"] > 0
+        states.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+    before = model.state_dict()
+    assert any(not torch.equal(states[0][k], before[k]) for k in before)  # it trained
+    for key in before:
+        torch.testing.assert_close(states[0][key], states[1][key])

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tidal.errors import TidalError, UnknownNameError
-from tidal.types import DOMAINS, Task
+from tidal.types import Task, is_domain_name
 
 Split = Literal["train", "eval"]
 MAX_LEVEL = 5  # built-in families define difficulty levels 1..5
@@ -84,14 +84,16 @@ FAMILIES: dict[str, FamilySpec] = {}
 def family(
     name: str, *, domain: str | None = None, split_of: SplitRule | None = None
 ) -> Callable[[FamilyFunction], FamilyFunction]:
-    """Register a task family. `domain` defaults to the family name when that is a known domain
+    """Register a task family. `domain` defaults to the family name when that is an identifier
     (else `custom`); `split_of` replaces the default hash split when a family needs a stricter
     rule (knowledge keeps every fact in train under some phrasing)."""
 
     def register(make: FamilyFunction) -> FamilyFunction:
         if name in FAMILIES:
             raise ValueError(f"task family {name!r} is registered twice")
-        chosen_domain = domain or (name if name in DOMAINS else "custom")
+        chosen_domain = domain or (name if is_domain_name(name) else "custom")
+        if not is_domain_name(chosen_domain):
+            raise ValueError(f"task family {name!r}: domain {chosen_domain!r} is not an identifier")
         FAMILIES[name] = FamilySpec(name, chosen_domain, make, split_of or hash_split(name))
         return make
 
