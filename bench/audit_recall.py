@@ -3,12 +3,12 @@ flags (recall) and which sound ones it flags (false positives). A task counts as
 verdict is `warn` or `quarantine`; `metadata.expect` (broken | ok) and `metadata.kind` say what
 each task is. The corpus holds task files and terminal-task folders.
 
-`--baseline-src DIR` measures a second source tree (say `git archive <commit> src | tar -x -C DIR`)
-on the same corpus in a subprocess, so the table shows before and after side by side. A baseline
+`--baseline-commit COMMIT` (or `--baseline-src DIR`) measures a second source tree, that commit's
+src/ exported with `git archive`, on the same corpus in a subprocess, so the table shows before and after side by side. A baseline
 that cannot read part of the input (task folders) counts those tasks as not flagged.
 
     python bench/audit.py --corpus                                 # k = 2, writes RESULTS.md
-    python bench/audit.py --corpus --baseline-src /tmp/before/src  # with a before column
+    python bench/audit.py --corpus --baseline-commit af2f0b9       # with a before column
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,7 +65,6 @@ def built_in(config: object, jobs: int) -> dict[str, object]:
     """The built-in agent tasks (5 per split, levels 1-5, every check): how many are quarantined;
     and the built-in knowledge tasks (150 per split, duplicates): how many are flagged as a
     paraphrase of a task of the other split."""
-    import tempfile
 
     from tidal.audit import audit_tasks
     from tidal.tasks import generate_tasks, write_tasks
@@ -118,7 +118,8 @@ def section(args: argparse.Namespace, labels: dict, runs: dict[str, dict]) -> st
              (f"Every check on bench/audit_corpus ({sum(v['expect'] == 'broken' for v in labels.values())} broken tasks, "
               f"{sum(v['expect'] == 'ok' for v in labels.values())} sound ones, task files and terminal-task folders; "
               f"k = {args.reference_runs} reference runs, 6 mutants). A task is flagged when its verdict is warn or "
-              "quarantine. " + ("`before` is the source tree given by --baseline-src, `after` this tree." if len(names) > 1
+              "quarantine. " + (f"`before` is {('commit ' + args.baseline_commit) if args.baseline_commit else 'the tree of --baseline-src'}, "
+                                "`after` this tree." if len(names) > 1
                                 else "")), "",
              command_line(command), "",
              "| task | what it is | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
@@ -158,13 +159,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference-runs", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--baseline-src", type=Path, help="a second tidal source tree (its src/) to compare with")
+    parser.add_argument("--baseline-commit", help="a commit of this repository to compare with (its src/, exported)")
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"))
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     labels = corpus_labels(args.corpus)
     runs: dict[str, dict] = {}
-    if args.baseline_src:
-        runs["before"] = measure_in(args.baseline_src, args)
+    with tempfile.TemporaryDirectory() as folder:
+        if args.baseline_commit:
+            root = Path(__file__).resolve().parents[1]
+            archive = subprocess.run(["git", "-C", str(root), "archive", args.baseline_commit, "src"], capture_output=True,
+                                     check=True).stdout
+            subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+            args.baseline_src = Path(folder) / "src"
+        if args.baseline_src:
+            runs["before"] = measure_in(args.baseline_src, args)
     runs["after"] = measure_in(Path(__file__).resolve().parents[1] / "src", args)
     for name, verdicts in runs.items():
         print(name, json.dumps(score(labels, verdicts)))
