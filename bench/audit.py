@@ -7,6 +7,7 @@ result goes into the "## Task audit" section of bench/RESULTS.md.
 
     python bench/audit.py                         # 4 tasks per family and split, 2 jobs, k = 5
     python bench/audit.py --per-family 1 --reference-runs 2 --no-write   # a smoke run
+    python bench/audit.py --corpus [--baseline-src DIR]   # recall on bench/audit_corpus (audit_recall.py)
 """
 
 from __future__ import annotations
@@ -82,13 +83,20 @@ def section(args: argparse.Namespace, rows: dict[str, object]) -> str:
     cheap = rows["cheap_only"]
     assert isinstance(cheap, dict)
     lines += [f"| all, cheap checks only (the baseline) | {cheap['tasks']} | {cheap['tasks_per_minute']} | | | |", "",
-              "Where the time goes: code tasks dominate, since each runs its reference k times, null answers, exploit "
-              "probes, mutants and the impossible variant in the sandbox; text families score in-process, so there "
-              "the cheap checks (leakage, duplicates) take the largest shares."]
+              ("Where the time goes: code tasks dominate, since each runs its reference k times, null answers, exploit "
+               "probes, mutants and the impossible variant in the sandbox; text families score in-process, so there "
+               "the cheap checks (leakage, duplicates) take the largest shares.")]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--corpus" in argv and not any(a.startswith("--corpus=") for a in argv):
+        # The corpus measurement: broken tasks flagged and sound ones not (bench/audit_recall.py).
+        from audit_recall import main as recall
+
+        recall([a for a in argv if a != "--corpus"])
+        return
     args = parse_args(argv)
     start_load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = measure(args)

@@ -30,9 +30,10 @@ MAX_TOKENS = 200_000  # of one visible text searched; longer texts are searched 
 
 
 def tokens(text: str) -> list[str]:
-    """Numbers and words (identifiers: `nth_prime` is one token) after NFKC normalisation and case
-    folding; punctuation is dropped."""
-    return WORD.findall(unicodedata.normalize("NFKC", text).casefold())[:MAX_TOKENS]
+    """Numbers and words (identifiers: `nth_prime` is one token) after NFKC normalisation;
+    punctuation is dropped and case kept (an input in lower case is no answer key for a task that
+    upper-cases it)."""
+    return WORD.findall(unicodedata.normalize("NFKC", text))[:MAX_TOKENS]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def leaks(task: Task) -> list[tuple[str, str]]:
 
 
 def test_tokens_and_ordered_search() -> None:
-    assert tokens('{"1": 2, "Ana": 3.5, "nth_prime": 1}') == ["1", "2", "ana", "3.5", "nth_prime", "1"]
+    assert tokens('{"1": 2, "Ana": 3.5, "nth_prime": 1}') == ["1", "2", "Ana", "3.5", "nth_prime", "1"]
     assert contains(tokens('{"1": 2, "5": 11}'), ("2", "11"))
     assert not contains(tokens("11 2"), ("2", "11"))  # out of order
     assert not contains(tokens("2 a b c d 11"), ("2", "11"))  # too far apart

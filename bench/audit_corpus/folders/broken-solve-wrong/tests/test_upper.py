@@ -2,4 +2,4 @@ from pathlib import Path
 
 
 def test_upper():
-    assert Path('upper.txt').read_text().split() == ['ADA', 'GRACE', 'LINUS']
+    assert Path('upper.txt').read_text().split() == ['GRACE', 'ADA', 'LINUS']
