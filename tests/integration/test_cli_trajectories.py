@@ -137,6 +137,42 @@ def test_jsonl_run_is_pointed_at_migrate_and_migrates(tmp_path: Path) -> None:
     assert again.exit_code == 2 and "nothing to migrate" in again.output
 
 
+def test_show_prints_an_agent_episode_turn_by_turn(tmp_path: Path) -> None:
+    """A real agent episode (the oracle policy in the bwrap sandbox, turned into a trainable
+    episode by the RL loop's own `episode_from_result`) is shown turn by turn: each turn's timings,
+    the model's message, the tool call with its arguments, the tool result; the step count has no
+    seconds unit; a hostile message is printed as text, not read as rich markup."""
+    from tidal.agent.policy import make_policy
+    from tidal.agent.runner import run_episode
+    from tidal.errors import SandboxUnavailableError
+    from tidal.pipeline.agent_rollout import episode_from_result
+    from tidal.sandbox import get_backend
+    from tidal.tasks import generate_tasks
+
+    try:
+        backend = get_backend("bwrap")
+    except SandboxUnavailableError as error:
+        pytest.skip(f"bwrap sandbox unavailable on this host: {error}")
+    task = generate_tasks("agent", 1, "eval", seed=3, min_difficulty=1, max_difficulty=1)[0]
+    result = run_episode(task, make_policy("oracle"), backend)
+    result.trace["messages"].append({"role": "assistant", "content": "[bold red]not markup[/bold red]"})
+    run = RunFolder.create(tmp_path, "ag")
+    store = TrajectoryStore.open(str(run.trajectories_dir), run=run.name, writable=True)
+    episode = episode_from_result(result, "ag/step-000000/g000/s00", "ag/step-000000/g000", 0)
+    store.write_episodes(0, [episode], {task.id: task}, {"generate_s": 0.5})
+
+    shown = runner.invoke(app, ["trajectories", "show", str(run.path), episode.id], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    out = shown.output
+    for part in ("2. episode, turn by turn", "turn 1  generation", "turn 2  generation", "tool: [exit code 0]",
+                 'call bash({"command":', "call submit({}) ok in", f"{len(result.steps) + 1} turns; ended by submitted",
+                 "outcome pass", "[bold red]not markup[/bold red]", "component", "tests"):
+        assert part in out, part
+    assert out.index("turn 1") < out.index("call bash(") < out.index("tool: [exit code 0]") < out.index("turn 2")
+    assert f"agent_steps {len(result.steps)}  " in out and "agent_steps 2.000s" not in out
+    assert "generate_s 0.500s" in out
+
+
 def _episode(run: str, step: int, sample: int, keep: bool) -> Episode:
     group = f"{run}/step-{step:06d}/g000"
     completion = Completion([1, 2], [3, 4, 5], [-0.5, -0.25, -0.125], "42", "stop", step)

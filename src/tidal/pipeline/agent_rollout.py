@@ -12,7 +12,8 @@ concurrently (`rollout.agent_concurrency`), their turns batched into shared engi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import asdict, replace
+from typing import TYPE_CHECKING, Any
 
 from tidal.types import Completion, Episode, Outcome, Score, Task
 
@@ -21,6 +22,26 @@ if TYPE_CHECKING:
     from tidal.config.schema import TidalConfig
     from tidal.rollout.engine import Cancel
     from tidal.rollout.protocol import RolloutEngine
+
+
+AGENT_INFO = "agent"  # the key of an agent episode's turn log in its score's info (store column score_info)
+MESSAGE_CHARS = 4000  # each message of the turn log is cut to this many characters
+
+
+def agent_turns(result: AgentResult) -> dict[str, Any]:
+    """The episode turn by turn, for `tidal trajectories show` and the dashboard's replay: the
+    messages after the opening prompt (the model's turns and the tool results, each cut to
+    MESSAGE_CHARS), one record per step (timings, tool calls with their arguments), and how the
+    episode ended."""
+    messages = list(result.trace.get("messages", []))
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+    return {
+        "termination": result.termination.value, "outcome": result.outcome.value, "wall_s": result.wall_s,
+        "acceptance_s": result.acceptance_s,
+        "messages": [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))[:MESSAGE_CHARS]}
+                     for m in messages[first:]],
+        "steps": [asdict(step) for step in result.steps],
+    }
 
 
 def episode_from_result(result: AgentResult, episode_id: str, group_id: str, version: int) -> Episode:
@@ -36,6 +57,7 @@ def episode_from_result(result: AgentResult, episode_id: str, group_id: str, ver
     score = result.score
     if score is None or result.reward is None:  # the episode says nothing about the model
         score = Score(0.0, Outcome.INFRA_ERROR, detail=f"agent episode: {result.outcome.value}: {result.detail}"[:2000])
+    score = replace(score, info={**score.info, AGENT_INFO: agent_turns(result)})
     completion = Completion(prompt_ids=prompt, token_ids=tokens, logprobs=logprobs, text="\n".join(turns),
                             finish_reason="stop", weight_version=min(versions), loss_mask=mask)
     episode = Episode(id=episode_id, task_id=result.task_id, domain=result.domain, group_id=group_id,

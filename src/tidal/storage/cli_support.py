@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -96,28 +97,67 @@ def _cell(value: Any, max_width: int) -> str:
     return text if len(text) <= max_width else text[: max_width - 1] + "…"
 
 
+def agent_turns(record: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """An agent episode's turn log (pipeline/agent_rollout.py, under `score.info["agent"]`) as
+    (how it ended, turns); each turn holds its step record (`step`: tokens, timings, validity, tool
+    calls with arguments) and its messages (the model's turn, then the tool results it got). None
+    for a single-turn trajectory."""
+    log = ((record.get("score") or {}).get("info") or {}).get("agent")
+    if not isinstance(log, dict):
+        return None
+    turns: list[dict[str, Any]] = []
+    for message in log.get("messages") or []:
+        if message.get("role") == "assistant" or not turns:
+            turns.append({"messages": [], "step": None})
+        turns[-1]["messages"].append(message)
+    steps = list(log.get("steps") or [])
+    while len(turns) < len(steps):
+        turns.append({"messages": [], "step": None})
+    for turn, step in zip(turns, steps):
+        turn["step"] = step
+    ending = {k: log.get(k) for k in ("termination", "outcome", "wall_s", "acceptance_s")}
+    return ending, turns
+
+
+def format_timings(timings: dict[str, float]) -> str:
+    """Timings as `name value`: seconds (keys ending in `_s`) with a unit, counts (e.g. an agent
+    episode's `agent_steps`) as plain numbers."""
+    parts = []
+    for key, value in sorted(timings.items()):
+        if key.endswith("_s"):
+            parts.append(f"{key} {value:.3f}s")
+        else:
+            parts.append(f"{key} {int(value) if float(value).is_integer() else f'{value:.4g}'}")
+    return "  ".join(parts)
+
+
 def show_trajectory(store: TrajectoryStore, id: str, console: Console) -> None:
-    """Print trajectory `id` step by step: prompt, completion, tokens, logprobs, reward, gate,
-    training, timings. Raises StoreError when the store has no such id."""
+    """Print trajectory `id` step by step: prompt, completion (an agent episode turn by turn: each
+    turn's message, tool calls with arguments, tool results and timings), tokens, logprobs, reward
+    by component, gate, training, timings. Raises StoreError when the store has no such id."""
     record = store.get(id)
     if record is None:
         raise StoreError(f"trajectory store {store.url!r} has no trajectory {id!r}; list ids with "
                          "`tidal trajectories query RUN \"SELECT id FROM trajectories\"`", store.url)
     trained_at = store.trained().get(id)
     head = (
-        f"[bold]{record['id']}[/bold]\ntask {record['task_id']}  domain {record['domain']}  group {record['group_id']}\n"
-        f"RL step {record['step']}  weight version {record['weight_version']}  attempt {record['attempt']}  "
-        f"written {record['written_at']}"
+        f"[bold]{escape(record['id'])}[/bold]\ntask {escape(record['task_id'])}  domain {escape(record['domain'])}  "
+        f"group {escape(record['group_id'])}\nRL step {record['step']}  weight version {record['weight_version']}  "
+        f"attempt {record['attempt']}  written {record['written_at']}"
     )
     console.print(Panel(head, title="trajectory", expand=False))
 
     console.rule("1. prompt")
     for message in record["prompt_messages"] or []:
-        console.print(f"[cyan]{message['role']}[/cyan]: {message['content']}", markup=True, highlight=False)
+        console.print(f"[cyan]{escape(message['role'])}[/cyan]: {escape(message['content'])}", highlight=False)
     console.print(f"{len(record['prompt_ids'] or [])} prompt tokens", style="dim")
 
-    console.rule("2. completion")
-    console.print(record["text"], markup=False, highlight=False)
+    agent = agent_turns(record)
+    console.rule("2. episode, turn by turn" if agent else "2. completion")
+    if agent:
+        _print_turns(*agent, console)
+    else:
+        console.print(record["text"], markup=False, highlight=False)
     logprobs = [x for x in record["logprobs"] or []]
     tokens = len(record["token_ids"] or [])
     console.print(f"{tokens} tokens, finish reason {record['finish_reason']}", style="dim")
@@ -134,11 +174,11 @@ def show_trajectory(store: TrajectoryStore, id: str, console: Console) -> None:
     if score is None:
         console.print("not scored")
     else:
-        console.print(f"reward {score['reward']:.4g}  outcome [bold]{score['outcome']}[/bold]")
+        console.print(f"reward {score['reward']:.4g}  outcome [bold]{escape(score['outcome'])}[/bold]")
         if score["components"]:
             table = Table("component", "value", header_style="bold")
             for name, value in sorted(score["components"].items()):
-                table.add_row(name, f"{value:.4g}")
+                table.add_row(escape(name), f"{value:.4g}")
             console.print(table)
         if score["detail"]:
             console.print(score["detail"], markup=False, highlight=False)
@@ -146,11 +186,40 @@ def show_trajectory(store: TrajectoryStore, id: str, console: Console) -> None:
     console.rule("4. quality gate and training")
     gate = "kept" if record["keep"] else f"dropped: {record['drop_reason']}"
     trained = f"trained at update {trained_at}" if trained_at is not None else "not trained"
-    console.print(f"{gate}  advantage {record['advantage']:.4g}  {trained}")
+    console.print(f"{gate}  advantage {record['advantage']:.4g}  {trained}", markup=False)
 
     console.rule("5. timings")
-    timings = record["timings"] or {}
-    console.print("  ".join(f"{k} {v:.3f}s" for k, v in sorted(timings.items())) or "none recorded")
+    console.print(format_timings(record["timings"] or {}) or "none recorded")
+
+
+def _print_turns(ending: dict[str, Any], turns: list[dict[str, Any]], console: Console) -> None:
+    for number, turn in enumerate(turns, 1):
+        step = turn["step"] or {}
+        timing = (f"generation {step.get('generation_s', 0):.3f}s  tools {step.get('tool_s', 0):.3f}s  "
+                  f"overhead {step.get('overhead_s', 0):.3f}s  tokens in {step.get('tokens_in', 0)} out "
+                  f"{step.get('tokens_out', 0)}  {step.get('validity', '')}") if step else "no step record"
+        console.print(f"[bold]turn {number}[/bold]  {escape(timing)}", highlight=False)
+        if step.get("error"):
+            console.print(f"  error: {step['error']}", markup=False, highlight=False, style="red")
+        messages = turn["messages"]
+        said = 1 if messages and messages[0].get("role") == "assistant" else 0
+        for message in messages[:said]:  # the model's turn, then the calls it made, then what they returned
+            _print_message(message, console)
+        for call in step.get("calls") or []:
+            state = "ok" if call.get("ok") else "failed"
+            console.print(f"  call {call.get('name')}({call.get('arguments')}) {state} in {call.get('tool_s', 0):.3f}s, "
+                          f"{call.get('output_chars', 0)} output chars" + (" (truncated)" if call.get("truncated") else ""),
+                          markup=False, highlight=False)
+        for message in messages[said:]:
+            _print_message(message, console)
+    console.print(f"{len(turns)} turns; ended by {ending.get('termination')}, outcome {ending.get('outcome')}, "
+                  f"wall {float(ending.get('wall_s') or 0):.3f}s, acceptance {float(ending.get('acceptance_s') or 0):.3f}s",
+                  markup=False, style="dim")
+
+
+def _print_message(message: dict[str, Any], console: Console) -> None:
+    console.print(f"  [cyan]{escape(message.get('role', ''))}[/cyan]: {escape(message.get('content', ''))}",
+                  highlight=False)
 
 
 def migrate_jsonl(run_path: Path) -> tuple[int, int]:
