@@ -124,7 +124,7 @@ class DomainVerifier(Section):
         # lazy, as below: model_args imports nothing of tidal; llm_judge / reward_model args are checked now
         from tidal.reward.model_args import check_model_verifier
 
-        check_model_verifier({"judge": "llm_judge"}.get(self.name, self.name), self.args)
+        check_model_verifier(self.name, self.args)
         return self
 
 

@@ -102,7 +102,7 @@ def ask_judge(args: JudgeArgs, task: Task, answer: str) -> tuple[int, str, dict[
     return grade, reply, {"cached": False, "attempts": attempts}
 
 
-@verifier("llm_judge", aliases=("judge",))
+@verifier("llm_judge")
 def llm_judge(task: Task, answer: str, ctx: ScoringContext) -> Score:
     """An LLM behind an OpenAI-compatible `endpoint` grades the answer against `rubric`
     (`GRADE: N`, `low`..`high`); timeouts and HTTP failures are infra errors, never 0."""
