@@ -5,6 +5,7 @@ infra_error naming its file and line, never a 0."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,13 +88,15 @@ def sandboxed() -> ScoringContext:
 
 
 @pytest.fixture(scope="module")
-def plugin(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     folder = tmp_path_factory.mktemp("rewards")
     prefix = f"rf{uuid.uuid4().hex[:6]}"
     path = folder / "rewards.py"
     path.write_text(REWARDS.format(p=prefix, host=str(path)))
-    import_plugin(str(path))
-    return prefix, path.resolve()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("TIDAL_IMPORTS", raising=False)  # what import_plugin records stays in this module
+        import_plugin(str(path))
+        yield prefix, path.resolve()
 
 
 def _line(path: Path, marker: str) -> int:
