@@ -60,6 +60,13 @@ def where(task, answer):
     return float(os.path.exists({host!r}))
 
 
+@reward_function("{p}_image")
+def image(task, answer):
+    import pytest  # the default image's package
+
+    return float(bool(pytest.__version__))
+
+
 @reward_function("{p}_hang")
 def hang(task, answer):
     while True:
@@ -127,6 +134,7 @@ def test_the_sandbox_does_not_see_the_host(plugin: tuple[str, Path], sandboxed: 
     prefix, _ = plugin
     inside = get_verifier(f"{prefix}_where")(_task(f"{prefix}_where"), "x", sandboxed)
     assert inside.value == 0.0 and inside.outcome is Outcome.FAILED  # the plugin's own host path is not there
+    assert get_verifier(f"{prefix}_image")(_task(f"{prefix}_image"), "x", sandboxed).value == 1.0  # image packages
     local = get_verifier(f"{prefix}_local")(_task(f"{prefix}_local"), "x", sandboxed)
     assert local.value == 1.0 and not needs_sandbox(f"{prefix}_local")  # the opt-in runs on the host
 
