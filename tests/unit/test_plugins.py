@@ -28,6 +28,13 @@ from tidal.types import Task
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
+@pytest.fixture(autouse=True)
+def _own_imports_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # import_plugin records its plugins in TIDAL_IMPORTS for child processes: keep the tests' out
+    # of the rest of the session.
+    monkeypatch.delenv("TIDAL_IMPORTS", raising=False)
+
+
 def _name(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:8]}"
 
@@ -299,3 +306,16 @@ def test_registering_a_taken_name_is_refused() -> None:
     with pytest.raises(ValueError, match="trainer supplies"):
         register_loss(_name("l"), lambda *a, **k: None, inputs=("values",))
     assert get_loss("ppo_clip") is not None
+
+
+def test_a_child_process_imports_what_its_parent_imported(tmp_path: Path) -> None:
+    name = _name("upper")
+    plugin = tmp_path / "my_plugin.py"
+    plugin.write_text(PLUGIN.format(verifier=name, advantage=_name("a"), loss=_name("l")))
+    code = f"from tidal.reward.registry import known_verifiers; print({name!r} in known_verifiers())"
+    env = {**os.environ, "PYTHONPATH": SRC, "TIDAL_IMPORTS": str(plugin)}
+    inherited = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert inherited.stdout.strip() == "True", inherited.stderr
+    env.pop("TIDAL_IMPORTS")
+    alone = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert alone.stdout.strip() == "False", alone.stderr

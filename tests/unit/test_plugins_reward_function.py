@@ -5,6 +5,7 @@ infra_error naming its file and line, never a 0."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,13 @@ def where(task, answer):
     return float(os.path.exists({host!r}))
 
 
+@reward_function("{p}_image")
+def image(task, answer):
+    import pytest  # the default image's package
+
+    return float(bool(pytest.__version__))
+
+
 @reward_function("{p}_hang")
 def hang(task, answer):
     while True:
@@ -87,13 +95,15 @@ def sandboxed() -> ScoringContext:
 
 
 @pytest.fixture(scope="module")
-def plugin(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     folder = tmp_path_factory.mktemp("rewards")
     prefix = f"rf{uuid.uuid4().hex[:6]}"
     path = folder / "rewards.py"
     path.write_text(REWARDS.format(p=prefix, host=str(path)))
-    import_plugin(str(path))
-    return prefix, path.resolve()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("TIDAL_IMPORTS", raising=False)  # what import_plugin records stays in this module
+        import_plugin(str(path))
+        yield prefix, path.resolve()
 
 
 def _line(path: Path, marker: str) -> int:
@@ -124,6 +134,7 @@ def test_the_sandbox_does_not_see_the_host(plugin: tuple[str, Path], sandboxed: 
     prefix, _ = plugin
     inside = get_verifier(f"{prefix}_where")(_task(f"{prefix}_where"), "x", sandboxed)
     assert inside.value == 0.0 and inside.outcome is Outcome.FAILED  # the plugin's own host path is not there
+    assert get_verifier(f"{prefix}_image")(_task(f"{prefix}_image"), "x", sandboxed).value == 1.0  # image packages
     local = get_verifier(f"{prefix}_local")(_task(f"{prefix}_local"), "x", sandboxed)
     assert local.value == 1.0 and not needs_sandbox(f"{prefix}_local")  # the opt-in runs on the host
 

@@ -62,7 +62,9 @@ def _result(value):
 def main():
     channel, job = _channel()
     harness = os.environ["TIDAL_HARNESS"]
-    sys.path.insert(0, harness)
+    # -I leaves PYTHONPATH out: put back the harness folder (the stand-in tidal) and the image's
+    # packages it names, and nothing else (no working directory, no user site).
+    sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] or [harness]
     path = os.path.abspath(os.path.join(harness, job["file"]))
     try:
         import importlib.util
