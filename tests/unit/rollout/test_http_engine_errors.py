@@ -150,7 +150,8 @@ def test_5xx_is_retried_then_raised(fake: Callable[[Answer], _Fake]) -> None:
     flaky = fake(lambda body, call: (503, {"error": {"message": "busy"}}) if call < 3 else (200, {"choices": [_choice()]}))
     engine = flaky.engine()
     assert engine.generate([[1]], 1, SamplingParams(max_new_tokens=3))[0][0].token_ids == [5, 6, 2]
-    assert engine.run_metrics() == {"http/requests": 3, "http/retries": 2, "http/failures": 0}
+    assert engine.run_metrics() == {"http/requests": 3, "http/retries": 2, "http/failures": 0, "http/reloads": 0,
+                                    "http/reloads_skipped": 0}
     down = fake(lambda body, call: (500, {"error": {"message": "boom"}})).engine()
     with pytest.raises(EngineUnavailableError, match="500: boom after 3 attempt"):
         down.generate([[1]], 1, SamplingParams(max_new_tokens=3))
@@ -211,3 +212,44 @@ def test_a_409_on_reload_is_a_verification_error_and_none_is_refused(fake: Calla
     assert engine.weight_version == -1
     with pytest.raises(TypeError, match="holds its own copy"):
         engine.update_weights(None, 4)
+
+
+def test_a_reload_waits_for_generations_in_flight_and_a_repeat_is_skipped(fake: Callable[[Answer], _Fake]) -> None:
+    """The async loop's threads share one engine: a reload sent while a generation is out reaches
+    the server only after its answer; the same version and checksum again is not re-sent."""
+    import time
+
+    import torch
+
+    from tidal.rollout.checksum import state_checksum
+
+    order: list[str] = []
+    release = threading.Event()
+
+    def answer(body: dict[str, Any], call: int) -> tuple[int, Any]:
+        if "prompt" in body:  # a generation: held until the test lets it go
+            order.append("generate")
+            release.wait(10)
+            return 200, {"choices": [_choice(0)]}
+        order.append("reload")
+        return 200, {"version": 3, "checksum": checksum}
+
+    state = {"w": torch.ones(2)}
+    checksum = state_checksum(state)
+    engine = fake(answer).engine()
+    generating = threading.Thread(target=engine.generate, args=([[1, 2]], 1, SamplingParams(max_new_tokens=3)))
+    generating.start()
+    while not order:
+        time.sleep(0.01)
+    reloading = threading.Thread(target=engine.load_weights, args=(state, 3, checksum))
+    reloading.start()
+    time.sleep(0.3)
+    assert order == ["generate"] and reloading.is_alive()  # the reload waits for the answer
+    release.set()
+    generating.join(10)
+    reloading.join(10)
+    assert order == ["generate", "reload"] and engine.weight_version == 3
+    engine.load_weights(state, 3, checksum)
+    assert order == ["generate", "reload"]  # skipped: the server holds it from this engine
+    metrics = engine.run_metrics()
+    assert (metrics["http/reloads"], metrics["http/reloads_skipped"]) == (1, 1)
