@@ -96,9 +96,9 @@ def main() -> None:
         f"Batched and one-by-one rewards differ by at most {difference:.1e}. Agreement with the rule reward: "
         f"pearson {stats['pearson']:.2f}, spearman {stats['spearman']:.2f}, pass/fail agreement at 0.5 "
         f"{stats['agreement']:.2f}, Cohen's kappa {stats['kappa'] if stats['kappa'] is None else round(stats['kappa'], 2)}.",
-        "Time goes into the forward passes (prompt lengths ~60 tokens); batching shares them, one by one pays a",
-        "Python and dispatch overhead per answer. A 135M model barely separates right from wrong capitals: a",
-        "reward model this small is a plumbing check, and the agreement numbers are what say so.", "",
+        "Time goes into the forward passes: batching shares one forward among `--batch-size` answers, one by",
+        "one pays a forward per answer. The agreement numbers say how far this model's rewards can be",
+        "trusted as a training signal on these questions.", "",
     ])
     print(text)
     if not options.no_write:
