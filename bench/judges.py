@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import command_line, write_section  # noqa: E402
+from results_md import command_line, write_section
 
 SECTION = "## Rubric reward model"
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin",
@@ -93,9 +93,9 @@ def main() -> None:
         command_line(f"python bench/judges.py --batch-size {options.batch_size} --repeats {options.repeats} --pairs {len(countries)}",
                      f"torch {torch.__version__}", f"transformers {transformers.__version__}"), "",
         *rows, "",
-        f"Batched and one-by-one rewards differ by at most {difference:.1e}. Agreement with the rule reward: "
-        f"pearson {stats['pearson']:.2f}, spearman {stats['spearman']:.2f}, pass/fail agreement at 0.5 "
-        f"{stats['agreement']:.2f}, Cohen's kappa {stats['kappa'] if stats['kappa'] is None else round(stats['kappa'], 2)}.",
+        (f"Batched and one-by-one rewards differ by at most {difference:.1e}. Agreement with the rule reward: "
+         f"pearson {stats['pearson']}, spearman {stats['spearman']}, pass/fail agreement at 0.5 "
+         f"{stats['agreement']}, Cohen's kappa {stats['kappa']}."),
         "Time goes into the forward passes: batching shares one forward among `--batch-size` answers, one by",
         "one pays a forward per answer. The agreement numbers say how far this model's rewards can be",
         "trusted as a training signal on these questions.", "",
