@@ -83,7 +83,8 @@ def main() -> None:
             values[name] = run()
             rates[name].append(len(items) / (time.perf_counter() - began))
     difference = max(abs(a - b) for a, b in zip(values["one by one"], values["per task (2 answers)"]))
-    stats = agreement(values["one by one"], [rule for _, _, rule in items])
+    stats = {k: (round(v, 2) if isinstance(v, float) else v)
+             for k, v in agreement(values["one by one"], [rule for _, _, rule in items]).items()}
     rows = ["| way | answers/s |", "|---|---|"] + [f"| {name} | {statistics.median(r):.1f} |" for name, r in rates.items()]
     text = "\n".join([
         SECTION, "",
