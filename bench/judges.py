@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import command_line, write_section  # noqa: E402
+from results_md import command_line, write_section
 
 SECTION = "## Rubric reward model"
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin",
@@ -83,7 +83,8 @@ def main() -> None:
             values[name] = run()
             rates[name].append(len(items) / (time.perf_counter() - began))
     difference = max(abs(a - b) for a, b in zip(values["one by one"], values["per task (2 answers)"]))
-    stats = agreement(values["one by one"], [rule for _, _, rule in items])
+    stats = {k: (round(v, 2) if isinstance(v, float) else v)
+             for k, v in agreement(values["one by one"], [rule for _, _, rule in items]).items()}
     rows = ["| way | answers/s |", "|---|---|"] + [f"| {name} | {statistics.median(r):.1f} |" for name, r in rates.items()]
     text = "\n".join([
         SECTION, "",
@@ -93,12 +94,12 @@ def main() -> None:
         command_line(f"python bench/judges.py --batch-size {options.batch_size} --repeats {options.repeats} --pairs {len(countries)}",
                      f"torch {torch.__version__}", f"transformers {transformers.__version__}"), "",
         *rows, "",
-        f"Batched and one-by-one rewards differ by at most {difference:.1e}. Agreement with the rule reward: "
-        f"pearson {stats['pearson']:.2f}, spearman {stats['spearman']:.2f}, pass/fail agreement at 0.5 "
-        f"{stats['agreement']:.2f}, Cohen's kappa {stats['kappa'] if stats['kappa'] is None else round(stats['kappa'], 2)}.",
-        "Time goes into the forward passes (prompt lengths ~60 tokens); batching shares them, one by one pays a",
-        "Python and dispatch overhead per answer. A 135M model barely separates right from wrong capitals: a",
-        "reward model this small is a plumbing check, and the agreement numbers are what say so.", "",
+        (f"Batched and one-by-one rewards differ by at most {difference:.1e}. Agreement with the rule reward: "
+         f"pearson {stats['pearson']}, spearman {stats['spearman']}, pass/fail agreement at 0.5 "
+         f"{stats['agreement']}, Cohen's kappa {stats['kappa']}."),
+        "Time goes into the forward passes: batching shares one forward among `--batch-size` answers, one by",
+        "one pays a forward per answer. The agreement numbers say how far this model's rewards can be",
+        "trusted as a training signal on these questions.", "",
     ])
     print(text)
     if not options.no_write:
