@@ -15,7 +15,12 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Route
 
 from tidal.dashboard import data, pages
@@ -84,7 +89,7 @@ def build_app(paths: list[Path]) -> Starlette:
         return RedirectResponse(f"/eval/{request.path_params['index']}/")
 
     def eval_page(request: Request) -> Response:
-        i, s = source(request, "eval")
+        _, s = source(request, "eval")
         others = [o for o in sources if o.kind == "eval" and o.path != s.path]
         return _html(_eval_html(s, others))
 

@@ -76,8 +76,8 @@ def line_chart(title: str, lines: dict[str, list[tuple[float, float]]], markers:
     def py(y: float) -> float:
         return TOP + (1 - (y - y0) / (y1 - y0)) * h
 
-    parts = [f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" '
-             f'aria-label="{escape(title)}" data-title="{escape(title)}">',
+    parts = [(f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" '
+              f'aria-label="{escape(title)}" data-title="{escape(title)}">'),
              f'<rect x="{LEFT}" y="{TOP}" width="{w}" height="{h}" fill="#ffffff" stroke="#d0d7de"/>',
              f'<text class="title" x="{LEFT}" y="16">{escape(title)}</text>']
     for value in (y0, (y0 + y1) / 2, y1):
