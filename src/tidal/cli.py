@@ -12,6 +12,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
+from tidal.cli_dashboard import dashboard_command
 from tidal.cli_model import model_app
 from tidal.cli_plan import plan_command
 from tidal.errors import TidalError
@@ -50,6 +51,7 @@ trajectories_app = typer.Typer(help="Query and show a run's stored trajectories.
 app.add_typer(trajectories_app, name="trajectories")
 app.add_typer(model_app, name="model")
 app.command("plan")(plan_command)
+app.command("dashboard")(dashboard_command)
 
 
 def _fail(error: Exception) -> NoReturn:
