@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,11 +29,30 @@ from tidal.types import Task
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
+def registries() -> list[dict]:
+    """The registries a plugin adds to (process-wide), to put back after a test; the built-ins
+    loaded first, so what is put back holds them."""
+    import tidal.tasks.families  # noqa: F401 - registers the built-in families
+    from tidal.algos import advantages, known_advantages, losses
+    from tidal.reward import base
+    from tidal.tasks.families import registry
+
+    known_verifiers(), known_losses(), known_advantages(), registry.known_families()
+
+    return [losses.LOSSES, losses.LOSS_INPUTS, advantages.ADVANTAGES, advantages.GROUP_ADVANTAGES,
+            base._VERIFIERS, registry.FAMILIES]
+
+
 @pytest.fixture(autouse=True)
-def _own_imports_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    # import_plugin records its plugins in TIDAL_IMPORTS for child processes: keep the tests' out
-    # of the rest of the session.
+def _own_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # import_plugin records its plugins in TIDAL_IMPORTS for child processes, and the plugins
+    # register names: keep both out of the rest of the session.
     monkeypatch.delenv("TIDAL_IMPORTS", raising=False)
+    saved = [dict(table) for table in registries()]
+    yield
+    for table, before in zip(registries(), saved, strict=True):
+        table.clear()
+        table.update(before)
 
 
 def _name(prefix: str) -> str:

@@ -100,10 +100,16 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     prefix = f"rf{uuid.uuid4().hex[:6]}"
     path = folder / "rewards.py"
     path.write_text(REWARDS.format(p=prefix, host=str(path)))
+    from tidal.reward import base, known_verifiers
+
+    known_verifiers()  # the built-ins loaded first, so what is put back holds them
+    saved = dict(base._VERIFIERS)
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("TIDAL_IMPORTS", raising=False)  # what import_plugin records stays in this module
         import_plugin(str(path))
         yield prefix, path.resolve()
+    base._VERIFIERS.clear()  # and so do the verifiers it registered
+    base._VERIFIERS.update(saved)
 
 
 def _line(path: Path, marker: str) -> int:
