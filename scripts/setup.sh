@@ -14,4 +14,5 @@ fi
 # The `ray` extra: the async loop's Ray backend, which the tests run on a local Ray cluster.
 # The `telemetry` extra: the W&B and MLflow sinks, whose offline and file modes the tests run.
 # The `browser` extra: playwright, which the dashboard and report tests drive Debian's chromium with.
-.venv/bin/python -m pip install -q -e '.[ray,telemetry,browser]'
+# The `data` extra: `datasets`, which reads saved dataset folders for `tidal tasks import` (and its tests).
+.venv/bin/python -m pip install -q -e '.[ray,telemetry,browser,data]'
