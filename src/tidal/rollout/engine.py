@@ -14,6 +14,7 @@ everything submitted; the batcher drives it, adding requests between steps). doc
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,7 +27,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tidal.errors import PreemptedError
 from tidal.rollout.blocks import BlockPool, PoolStats
 from tidal.rollout.cuda_graphs import StaticDecode, decode_forward, graphs_available
-from tidal.rollout.lean import LeanDecoder
+from tidal.rollout.lean import SUPPORTED, LeanDecoder
+from tidal.rollout.modules import ModuleDecoder, check_decoder
 from tidal.rollout.paged import Chunk, DecodeView, PagedDecoder, StepInput, matmul_rate
 from tidal.rollout.sampling import (
     Cancel,
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["ACCELERATOR_BATCH_ROWS", "CPU_BATCH_ROWS", "Cancel", "EmbeddedEngine", "KVPoolTooSmall", "Request",
            "RequestHandle", "SamplingParams", "TokenCallback"]
 
+logger = logging.getLogger(__name__)
+
 CPU_BATCH_ROWS = 256  # default `max_batch_rows` on a CPU
 ACCELERATOR_BATCH_ROWS = 4096  # and on an accelerator
 KV_BLOCK_SIZE = 16
@@ -57,6 +61,7 @@ MAX_AUTO_BLOCKS = 1 << 16
 # runs at least AUTO_BF16_GAIN times faster in it than in the model's dtype on this device.
 DTYPES = ("model", "float32", "bfloat16", "auto")
 GRAPH_MODES = ("auto", "off", "eager")
+FORWARDS = ("auto", "llama", "generic")
 AUTO_BF16_GAIN = 1.3
 
 
@@ -95,6 +100,7 @@ class EmbeddedEngine:
         dtype: str = "model",
         speculative: Speculation | None = None,
         cuda_graphs: str = "auto",
+        forward: str = "auto",
     ) -> None:
         problems = []
         if max_batch_rows is not None and max_batch_rows < 1:
@@ -109,6 +115,8 @@ class EmbeddedEngine:
             problems.append(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}")
         if cuda_graphs not in GRAPH_MODES:
             problems.append(f"cuda_graphs={cuda_graphs!r} must be one of {', '.join(GRAPH_MODES)}")
+        if forward not in FORWARDS:
+            problems.append(f"forward={forward!r} must be one of {', '.join(FORWARDS)}")
         if decode_attention not in ("view", "gather"):
             problems.append(f"decode_attention={decode_attention!r} must be 'view' or 'gather'")
         if problems:
@@ -130,11 +138,13 @@ class EmbeddedEngine:
         # What an engine on a copy of this model is built with (the pipeline's backends).
         self.options = {"kv_block_size": kv_block_size, "kv_blocks": kv_blocks, "prefill_chunk": prefill_chunk,
                         "prefix_cache": prefix_cache, "decode_attention": decode_attention, "dtype": dtype,
-                        "speculative": speculative, "cuda_graphs": cuda_graphs}
+                        "speculative": speculative, "cuda_graphs": cuda_graphs, "forward": forward}
         self._version = 0
         self.eos_ids = eos_ids(model, tokenizer)
-        self.dtype = _pick_dtype(model, dtype)
-        self._forward_pass = PagedDecoder(model, self.dtype)
+        self.forward_path = pick_forward(model, forward)
+        self.dtype = _pick_dtype(model, dtype) if self.forward_path == "llama" else model_dtype(model, dtype)
+        self._forward_pass = self._new_forward()
+        logger.info("rollout engine: %s forward for %s (%s)", self.forward_path, type(model).__name__, self.dtype)
         dtype = self.dtype
         layers, kv_heads, head_dim = self._forward_pass.num_layers, self._forward_pass.kv_heads, self._forward_pass.head_dim
         if kv_blocks is None:
@@ -228,7 +238,7 @@ class EmbeddedEngine:
         with self._lock:
             self.weight_version = version
             if self._forward_pass.dtype != self.model.get_input_embeddings().weight.dtype:
-                self._forward_pass = PagedDecoder(self.model, self.dtype)  # its cast copies, anew
+                self._forward_pass = self._new_forward()  # its cast copies, anew
 
     # ---------------------------------------------------------------- whole calls
 
@@ -308,7 +318,7 @@ class EmbeddedEngine:
         """One engine step of every submitted request; the handles that finished in it."""
         with self._lock:
             if not self._forward_pass.current():  # an adapter was injected since: read the new modules
-                self._forward_pass = PagedDecoder(self.model, self.dtype)
+                self._forward_pass = self._new_forward()
             if not self.model.training:
                 return self._scheduler.step(self._forward)
             self.model.eval()  # no dropout while sampling; the trainer's mode is restored below
@@ -365,6 +375,11 @@ class EmbeddedEngine:
             finally:
                 pool.release(held)
 
+    def _new_forward(self) -> PagedDecoder | ModuleDecoder:
+        if self.forward_path == "llama":
+            return PagedDecoder(self.model, self.dtype)
+        return ModuleDecoder(self.model, self.dtype)
+
     def _forward(self, step: StepInput) -> Tensor:
         if self._static is not None and self._static.decoder is not self._forward_pass:  # the forward was rebuilt
             self._build_static()
@@ -380,7 +395,7 @@ class EmbeddedEngine:
             self.pool.release([self._static.scratch_block])
             self._static = None
         wanted = self._graphs == "eager" or (self._graphs == "auto" and graphs_available(self.device))
-        if wanted and view is not None:
+        if wanted and view is not None and isinstance(self._forward_pass, PagedDecoder):
             self._static = StaticDecode(self._forward_pass, self.pool, view, graphs=self._graphs == "auto")
 
     @property
@@ -400,6 +415,29 @@ def _speculation(rollout: RolloutConfig) -> Speculation | None:
 
 def _bind(on_token: TokenCallback, prompt: int) -> Callable[[int, int], None]:
     return lambda sample, token: on_token(prompt, sample, token)
+
+
+def pick_forward(model: torch.nn.Module, choice: str = "auto") -> str:
+    """The forward `choice` names for `model` (FORWARDS): "llama", the hand-written Llama-family
+    forward (rollout/paged.py), or "generic", the model's own modules (rollout/modules.py). "auto"
+    takes "llama" where it computes the model exactly (faster on a CPU: bench/RESULTS.md, "Rollout
+    engine: forward paths"), "generic" for every other causal LM."""
+    if choice == "generic" or (choice == "auto" and not PagedDecoder.supports(model)):
+        check_decoder(model.config)
+        return "generic"
+    if not PagedDecoder.supports(model):
+        raise ValueError(f"forward='llama' runs Llama-family decoders ({', '.join(SUPPORTED)}) without sliding windows, "
+                         f"not {type(model).__name__}; use forward='auto' or 'generic'")
+    return "llama"
+
+
+def model_dtype(model: torch.nn.Module, choice: str) -> torch.dtype:
+    """The generic forward's compute dtype: the model's own ("model", "auto" or that dtype's name)."""
+    own = model.get_input_embeddings().weight.dtype
+    if choice in ("model", "auto") or getattr(torch, choice) == own:
+        return own
+    raise ValueError(f"dtype={choice!r}: the generic forward computes in the model's own dtype ({own}); "
+                     "cast the model, or use dtype 'model'")
 
 
 def _pick_dtype(model: PreTrainedModel, choice: str) -> torch.dtype:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tidal.rollout.attention import PagedAttention
 from tidal.rollout.blocks import BlockPool
 from tidal.rollout.lean import SUPPORTED, LeanDecoder, _norm, _projections, _swap_halves
 
@@ -72,6 +73,7 @@ class VerifyLayout:
     rows: int  # D
     width: int  # T, the longest row's tokens
     mask: Tensor  # (D, 1, T, L) bool: query t of row i sees key j when j <= its position
+    query: Tensor  # (D, T) long, each padded query's position (a padding query: the row's last)
 
     @classmethod
     def of(cls, step: StepInput, device: torch.device) -> VerifyLayout:
@@ -86,7 +88,7 @@ class VerifyLayout:
         query = first[:, None] + torch.minimum(torch.arange(width, device=device)[None, :],
                                                torch.tensor(counts, device=device)[:, None] - 1)  # (D, T)
         mask = torch.arange(longest, device=device)[None, None, :] <= query[:, :, None]
-        return cls(token_rows, positions, token_rows * width + offsets, rows, width, mask[:, None])
+        return cls(token_rows, positions, token_rows * width + offsets, rows, width, mask[:, None], query)
 
 
 class DecodeView:
@@ -188,55 +190,15 @@ class PagedDecoder:
         """Whether the model still holds the modules this forward read (an adapter injected since replaces them)."""
         return _module_ids(self.model) == self._modules
 
-    def _decode_attention(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-        """Decode rows' attention: q (D, heads, hd) over keys/values (D, kv_heads, L, hd) -> (D, heads, hd).
-        Two matrix products on a CPU in float32 (faster there, measured), else sdpa (flash and
-        memory-efficient kernels on CUDA; on a CPU in bfloat16 sdpa is the faster)."""
-        if q.device.type == "cpu" and q.dtype == torch.float32:
-            return _grouped_attention(q, keys, values, mask, self.scaling)
-        return F.scaled_dot_product_attention(
-            q[:, :, None], keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=self.kv_heads != self.heads
-        )[:, :, 0]
-
-    def _verify_attention(self, layer: int, q: Tensor, k: Tensor, v: Tensor, verify: VerifyLayout, step: StepInput,
-                          pool: BlockPool, view: DecodeView | None) -> Tensor:
-        """Speculative decode rows' attention: each row's T tokens attend causally over its keys.
-        q, k, v (M, heads or kv_heads, hd) packed -> (M, heads, hd)."""
-        longest = max(step.decode_lengths)
-        if view is not None:
-            view.keys[layer][verify.token_rows, :, verify.token_positions] = k
-            view.values[layer][verify.token_rows, :, verify.token_positions] = v
-            keys = view.keys[layer][: verify.rows, :, :longest]  # (D, kv_heads, L, hd)
-            values = view.values[layer][: verify.rows, :, :longest]
-        else:
-            assert step.decode_key_slots is not None
-            keys, values = pool.gather(layer, step.decode_key_slots)  # (D, L, kv_heads, hd)
-            keys, values = keys.transpose(1, 2), values.transpose(1, 2)
-        padded = q.new_zeros((verify.rows * verify.width, self.heads, self.head_dim))
-        padded[verify.padded_index] = q
-        queries = padded.view(verify.rows, verify.width, self.heads, self.head_dim).transpose(1, 2)  # (D, heads, T, hd)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=verify.mask, scale=self.scaling,
-                                             enable_gqa=self.kv_heads != self.heads)  # (D, heads, T, hd)
-        return out.transpose(1, 2).reshape(verify.rows * verify.width, self.heads, self.head_dim)[verify.padded_index]
-
     def forward(self, step: StepInput, pool: BlockPool, view: DecodeView | None) -> Tensor:
         """Logits (R, V) float32 at `step.logit_rows`; every token's keys and values are written
         to its pool slot (and the decode rows' to `view`, when given)."""
         count = step.tokens.shape[0]
-        decode = step.decode_rows
-        verify = VerifyLayout.of(step, step.tokens.device) if step.decode_counts is not None else None
-        fed = decode if verify is None else verify.token_rows.shape[0]  # decode tokens in the pack
+        attention = PagedAttention(step, pool, view, self.heads, self.kv_heads, self.head_dim, self.scaling)
         hidden = F.embedding(step.tokens, self.embed)  # (N, H)
         cos, sin = self.rotary(hidden[None], step.positions[None])  # (1, N, D) each
         half = cos.shape[-1] // 2
         cos, sin = cos[0, :, None], torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)[0, :, None]  # (N, 1, D)
-        decode_mask = _length_mask(step.decode_lengths, hidden.device) if decode and verify is None else None
-        positions = step.positions[:decode]
-        rows = torch.arange(decode, device=hidden.device)
-        longest = max(step.decode_lengths, default=0)
-        same_position = longest - 1 if decode and verify is None and min(step.decode_lengths) == longest else None
-        chunk_masks = [_chunk_mask(chunk, hidden.device) for chunk in step.chunks]
-        gqa = self.kv_heads != self.heads
         for index, (norm1, eps1, q_proj, k_proj, v_proj, o_proj, norm2, eps2, gate, up, down) in enumerate(self.layers):
             normed = _norm(hidden, norm1, eps1)
             q = q_proj(normed).view(count, self.heads, self.head_dim)
@@ -244,53 +206,13 @@ class PagedDecoder:
             v = v_proj(normed).view(count, self.kv_heads, self.head_dim)
             q = q * cos + _swap_halves(q) * sin
             k = k * cos + _swap_halves(k) * sin
-            pool.keys[index].index_copy_(0, step.slots, k)
-            pool.values[index].index_copy_(0, step.slots, v)
-            attended = torch.empty_like(q)  # (N, heads, D)
-            if verify is not None:
-                attended[:fed] = self._verify_attention(index, q[:fed], k[:fed], v[:fed], verify, step, pool, view)
-            elif decode:
-                if view is not None and same_position is not None:  # a GRPO batch: one strided copy
-                    view.keys[index][:decode, :, same_position] = k[:decode]
-                    view.values[index][:decode, :, same_position] = v[:decode]
-                elif view is not None:
-                    view.keys[index][rows, :, positions] = k[:decode]
-                    view.values[index][rows, :, positions] = v[:decode]
-                if view is not None:
-                    keys = view.keys[index][:decode, :, :longest]  # (D, kv_heads, L, head_dim)
-                    values = view.values[index][:decode, :, :longest]
-                else:
-                    assert step.decode_key_slots is not None
-                    keys, values = pool.gather(index, step.decode_key_slots)  # (D, L, kv_heads, head_dim)
-                    keys, values = keys.transpose(1, 2), values.transpose(1, 2)
-                attended[:decode] = self._decode_attention(q[:decode], keys, values, decode_mask)
-            for chunk, mask in zip(step.chunks, chunk_masks):
-                keys, values = pool.gather(index, chunk.key_slots)  # (P + T, kv_heads, head_dim)
-                queries = q[chunk.start : chunk.start + chunk.tokens].transpose(0, 1)[None]  # (1, heads, T, D)
-                out = F.scaled_dot_product_attention(
-                    queries, keys.transpose(0, 1)[None], values.transpose(0, 1)[None], attn_mask=mask,
-                    is_causal=mask is None and chunk.tokens > 1, scale=self.scaling, enable_gqa=gqa,
-                )  # (1, heads, T, D)
-                attended[chunk.start : chunk.start + chunk.tokens] = out[0].transpose(0, 1)
+            attended = attention(index, q, k, v)
             hidden = hidden + o_proj(attended.view(count, -1))
             normed = _norm(hidden, norm2, eps2)
             hidden = hidden + down(F.silu(gate(normed)) * up(normed))
         assert step.logit_rows is not None
         last = _norm(hidden[step.logit_rows], self.final_norm, self.final_eps)  # (R, H)
         return self.head(last).float()  # (R, V)
-
-
-def _grouped_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    """One query per row against its keys, each key head serving its group of query heads:
-    q (D, heads, hd), keys/values (D, kv_heads, L, hd), mask (D, 1, 1, L) or None -> (D, heads, hd).
-    Two batched matrix products; on a CPU in float32 about twice as fast as sdpa's flash kernel for
-    a single query (bench/RESULTS.md, "Rollout")."""
-    rows, heads, dim = q.shape
-    kv_heads = keys.shape[1]
-    scores = torch.matmul(q.view(rows, kv_heads, heads // kv_heads, dim), keys.transpose(-1, -2)) * scale  # (D, kv, G, L)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(scores.softmax(dim=-1), values).view(rows, heads, dim)
 
 
 def matmul_rate(dtype: torch.dtype, device: torch.device | str, rows: int, inputs: int, outputs: int,
@@ -318,7 +240,7 @@ def _module_ids(model: torch.nn.Module) -> list[int]:
     return [id(module) for module in _projections(model)]
 
 
-def _length_mask(lengths: list[int], device: torch.device) -> Tensor | None:
+def length_mask(lengths: list[int], device: torch.device) -> Tensor | None:
     """(D, 1, 1, L) bool: key j visible to decode row i when j < lengths[i]; None when all are equal."""
     if min(lengths) == max(lengths):
         return None
@@ -326,7 +248,7 @@ def _length_mask(lengths: list[int], device: torch.device) -> Tensor | None:
     return (keys < torch.tensor(lengths, device=device)[:, None])[:, None, None, :]
 
 
-def _chunk_mask(chunk: Chunk, device: torch.device) -> Tensor | None:
+def chunk_mask(chunk: Chunk, device: torch.device) -> Tensor | None:
     """(T, P + T) bool causal mask of a chunk after P cached positions; None when P = 0 (sdpa's own)."""
     if chunk.past == 0:
         return None
