@@ -23,6 +23,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import os
 import sys
 import threading
@@ -60,6 +61,20 @@ def where(error: BaseException, prefer: str | None = None) -> str:
     outside = [f for f in frames if not f.filename.startswith(tidal_root) and "<frozen" not in f.filename]
     frame = (outside or frames or [None])[-1]
     return f"{frame.filename}:{frame.lineno}" if frame is not None else "?"
+
+
+def defined_at(function: Any) -> str:
+    """`file:line` where `function` is defined (its `def`), '?' when Python cannot tell."""
+    function = inspect.unwrap(function)
+    try:
+        source = inspect.getsourcefile(function) or inspect.getfile(function)
+        lines, first = inspect.getsourcelines(function)
+    except (OSError, TypeError):
+        code = getattr(function, "__code__", None)
+        return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else "?"
+    # The source starts at the first decorator; name the `def` line under them.
+    skip = next((i for i, text in enumerate(lines) if text.lstrip().startswith(("def ", "async def "))), 0)
+    return f"{source}:{first + skip}"
 
 
 def _is_file_spec(spec: str) -> bool:

@@ -7,11 +7,17 @@ above them, loads the built-in ones on the first lookup.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from tidal.errors import TidalError
+from tidal.plugins import defined_at, where
 from tidal.types import Limits, Outcome, Score, Task
 
 if TYPE_CHECKING:
@@ -81,16 +87,99 @@ BatchVerifier = Callable[[Task, list[str], ScoringContext], list[Score]]
 
 @dataclass(frozen=True)
 class VerifierEntry:
+    """A registered verifier. `function` and `batch` are the callables as written; `call` and
+    `call_batch` (made once, so an alias hands out the same object) wrap them in `checked_score`,
+    and are what the registry hands out; their `__wrapped__` is the function as written."""
+
     name: str
     function: Verifier
     aliases: tuple[str, ...] = ()
     batch: BatchVerifier | None = None
     sandbox: bool = False  # it runs the answer (or a tool on it) in a sandbox of the task's image
+    call: Verifier = field(init=False, repr=False, compare=False)
+    call_batch: BatchVerifier | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "call", functools.wraps(self.function)(functools.partial(_call, self.function)))
+        batch = None if self.batch is None else functools.wraps(self.batch)(functools.partial(_call_batch, self.batch))
+        object.__setattr__(self, "call_batch", batch)
 
     @property
     def description(self) -> str:
         doc = (self.function.__doc__ or "").strip()
         return doc.splitlines()[0] if doc else ""
+
+
+def _call(function: Verifier, task: Task, answer: str, ctx: ScoringContext) -> Score:
+    """The verifier's score, its return value checked (`checked_score`). What a plugin's verifier
+    raises is an infra_error too; a built-in's (a bug in tidal) and any `TidalError` propagate."""
+    try:
+        result = function(task, answer, ctx)
+    except Exception as error:
+        if isinstance(error, TidalError) or _is_builtin(function):
+            raise
+        return user_verifier_error(function, task, f"raised {type(error).__name__} at "
+                                   f"{where(error, _source_file(function))}: {error}")
+    return checked_score(result, function, task)
+
+
+def _call_batch(batch: BatchVerifier, task: Task, answers: list[str], ctx: ScoringContext) -> list[Score]:
+    """The batch form's scores, one per answer, each checked like `_call`'s."""
+    results = batch(task, answers, ctx)
+    if not isinstance(results, (list, tuple)) or len(results) != len(answers):
+        got = f"{len(results)} results" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
+        problem = user_verifier_error(batch, task, f"returned {got} for {len(answers)} answers")
+        return [dataclasses.replace(problem) for _ in answers]
+    return [checked_score(result, batch, task) for result in results]
+
+
+USER_ERROR = "user_error"  # Score.info key: the user's verifier failed as written, not the answer
+
+
+def checked_score(result: object, function: Callable[..., object], task: Task) -> Score:
+    """What a verifier returned, as a `Score`: a Score as it is; a bool or a number in [0, 1] as
+    that reward, `passed` at 1 (True) and `failed` below. Anything else (None, a dict, a string,
+    NaN, a number outside [0, 1], a Score without an `Outcome`) is an `infra_error` naming the
+    function, its file and line, and what it returned, which the gate drops instead of training on."""
+    if isinstance(result, Score):
+        if not isinstance(result.outcome, Outcome):
+            return user_verifier_error(function, task, f"returned a Score whose outcome is {result.outcome!r}, "
+                                       f"not an Outcome ({', '.join(o.name for o in Outcome)})")
+        if isinstance(result.value, bool) or not isinstance(result.value, (int, float)) or not math.isfinite(result.value):
+            return user_verifier_error(function, task, f"returned a Score whose value is {result.value!r}, "
+                                       "not a finite number")
+        return result
+    if isinstance(result, (bool, int, float)) and math.isfinite(result) and 0.0 <= result <= 1.0:
+        value = float(result)
+        return Score(value, Outcome.PASSED if value >= 1.0 else Outcome.FAILED, {}, f"{task.verifier.name}: {value:g}")
+    if isinstance(result, (bool, int, float)):
+        return user_verifier_error(function, task, f"returned {result!r}, not a number in [0, 1]")
+    return user_verifier_error(function, task, f"returned {_shown(result)}, not a float, a bool or a Score")
+
+
+def user_verifier_error(function: Callable[..., object], task: Task, detail: str) -> Score:
+    """The infra_error score of a verifier that failed as written: says which function, where."""
+    location = defined_at(function)
+    name = getattr(inspect.unwrap(function), "__qualname__", repr(function))
+    return Score(0.0, Outcome.INFRA_ERROR, {},
+                 f"task {task.id}: verifier {task.verifier.name} (function {name} at {location}) {detail}",
+                 {USER_ERROR: True, TASK_PROBLEM: True, "location": location})
+
+
+def _shown(result: object) -> str:
+    text = repr(result)
+    return f"a {type(result).__name__} {text if len(text) <= 200 else text[:200] + '...'}"
+
+
+def _source_file(function: Callable[..., object]) -> str | None:
+    try:
+        return inspect.getsourcefile(inspect.unwrap(function))
+    except TypeError:
+        return None
+
+
+def _is_builtin(function: Callable[..., object]) -> bool:
+    return (getattr(inspect.unwrap(function), "__module__", "") or "").startswith("tidal.")
 
 
 _VERIFIERS: dict[str, VerifierEntry] = {}
@@ -99,7 +188,8 @@ _VERIFIERS: dict[str, VerifierEntry] = {}
 def verifier(
     name: str, *, aliases: tuple[str, ...] = (), batch: BatchVerifier | None = None, sandbox: bool = False
 ) -> Callable[[Verifier], Verifier]:
-    """Register `fn(task, answer, ctx) -> Score` as the verifier `name` (and its `aliases`).
+    """Register `fn(task, answer, ctx) -> Score | float | bool` as the verifier `name` (and its
+    `aliases`); a number or bool is the reward, in [0, 1] (see `checked_score`).
     `sandbox`: it needs a sandbox of the task's image (a scoring node must have bubblewrap and the image).
 
     `batch(task, answers, ctx) -> scores`, when given, scores several answers to one task in one

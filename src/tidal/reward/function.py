@@ -31,12 +31,17 @@ from typing import Any
 from tidal.errors import SandboxUnavailableError
 from tidal.plugins import where
 from tidal.reward import function_harness
-from tidal.reward.base import TASK_PROBLEM, ScoringContext, check_answer, verifier
+from tidal.reward.base import (
+    TASK_PROBLEM,
+    USER_ERROR,
+    ScoringContext,
+    check_answer,
+    verifier,
+)
 from tidal.sandbox.base import SandboxStatus
 from tidal.types import Outcome, Score, Task
 
 RewardFn = Callable[[Task, str], "float | Score"]
-USER_ERROR = "user_error"  # Score.info key: the user's reward function failed, not the answer
 HARNESS_FILE = "tidal_reward_harness.py"
 BOOT = ("import os, runpy; runpy.run_path(os.path.join(os.environ['TIDAL_HARNESS'], "
         f"'{HARNESS_FILE}'), run_name='__main__')")

@@ -1,7 +1,9 @@
 """The verifier registry: verifiers looked up by the name `@verifier("name")` recorded (in `base`);
 the first lookup loads the built-in verifiers, which register themselves on import.
 
-A verifier is `fn(task, answer, ctx) -> Score`. It reads its arguments from `task.verifier.args`
+A verifier is `fn(task, answer, ctx) -> Score` (or a float or bool reward in [0, 1]; the registry
+hands out the function wrapped in `base.checked_score`, so what else it returns is an
+`infra_error` naming the function, never a crash further on). It reads its arguments from `task.verifier.args`
 (the task file records them, so a log can rebuild the call), returns a typed `Outcome`, and never
 turns a problem into a silent 0: a sandbox that cannot start, or a task whose verifier arguments
 are wrong, is `Outcome.INFRA_ERROR`, which the gate drops instead of training on.
@@ -56,7 +58,7 @@ def get_verifier(name: str) -> Verifier:
     entry = base._VERIFIERS.get(name)
     if entry is None:
         raise UnknownVerifierError(name, list(base._VERIFIERS))
-    return entry.function
+    return entry.call
 
 
 class UnknownVerifierError(UnknownNameError):
@@ -72,7 +74,7 @@ def get_batch_verifier(name: str) -> BatchVerifier | None:
     """The batch form of the verifier `name`, or None when it has none (or is unknown)."""
     _load_builtins()
     entry = base._VERIFIERS.get(name)
-    return entry.batch if entry is not None else None
+    return entry.call_batch if entry is not None and entry.batch is not None else None
 
 
 def needs_sandbox(name: str) -> bool:

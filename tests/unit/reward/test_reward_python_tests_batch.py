@@ -134,7 +134,7 @@ def test_answers_after_one_that_kills_the_zygote_are_scored_alone(
 
 def test_a_backend_without_batches_scores_each_alone() -> None:
     task = make_task()
-    assert get_batch_verifier("python_tests") is python_tests_batch
+    assert get_batch_verifier("python_tests").__wrapped__ is python_tests_batch  # type: ignore[union-attr]
     scores = python_tests_batch(task, [CORRECT, WRONG], ScoringContext(get_backend("unsafe_local")))
     assert outcomes(scores) == [(1.0, Outcome.PASSED), (0.0, Outcome.FAILED)]
 
