@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 from tidal.cli_dashboard import dashboard_command
 from tidal.cli_model import model_app
 from tidal.cli_plan import plan_command
+from tidal.cli_tasks import tasks_import_command
 from tidal.errors import TidalError
 
 
@@ -43,6 +44,7 @@ app = typer.Typer(
 )
 tasks_app = typer.Typer(help="Generate and validate task files.", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
+tasks_app.command("import")(tasks_import_command)
 sandbox_app = typer.Typer(help="Run commands in the sandbox.", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
 image_app = typer.Typer(help="Build and list sandbox environment images.", no_args_is_help=True)
