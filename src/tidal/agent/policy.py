@@ -45,14 +45,17 @@ __all__ = [
 
 class ScriptedConversation:
     """Replays `outputs` one per turn; after the last one every turn is empty (a `no_call` turn).
-    Its messages are what a local model would read (tools rendered into the system message)."""
+    Its messages are what a local model would read (tools rendered into the system message). A
+    turn longer than `max_new_tokens` characters is cut there unless `truncate` is False."""
 
-    def __init__(self, messages: list[Message], outputs: Sequence[str], tools: list[dict[str, Any]]) -> None:
+    def __init__(self, messages: list[Message], outputs: Sequence[str], tools: list[dict[str, Any]],
+                 truncate: bool = True) -> None:
         self.messages = render_messages(messages, tools)
         self.opening = len(self.messages)
         self.offered = [tool["function"]["name"] for tool in tools]
         self.outputs = list(outputs)
         self.turns = 0
+        self.truncate = truncate
 
     @property
     def context_tokens(self) -> int:
@@ -63,7 +66,7 @@ class ScriptedConversation:
         text = self.outputs[self.turns] if self.turns < len(self.outputs) else ""
         self.turns += 1
         finish = "stop"
-        if len(text) > max_new_tokens:  # a scripted "token" is a character
+        if self.truncate and len(text) > max_new_tokens:  # a scripted "token" is a character
             text, finish = text[:max_new_tokens], "length"
         context = self.context_tokens
         self.messages.append({"role": "assistant", "content": text})
@@ -85,15 +88,16 @@ class ScriptedPolicy:
     """Replays the same fixed turns in every episode (or `outputs_for(task)` when given)."""
 
     def __init__(self, outputs: Sequence[str] = (), name: str = "scripted",
-                 outputs_for: Callable[[Task], Sequence[str]] | None = None) -> None:
+                 outputs_for: Callable[[Task], Sequence[str]] | None = None, truncate: bool = True) -> None:
         self.name = name
         self.outputs = list(outputs)
         self.outputs_for = outputs_for
+        self.truncate = truncate
 
     def start(self, task: Task, messages: list[Message], tools: list[dict[str, Any]],
               seed: int = 0) -> ScriptedConversation:
         outputs = self.outputs_for(task) if self.outputs_for is not None else self.outputs
-        return ScriptedConversation(messages, outputs, tools)
+        return ScriptedConversation(messages, outputs, tools, truncate=self.truncate)
 
 
 def oracle_turns(task: Task) -> list[str]:
@@ -107,10 +111,12 @@ def oracle_turns(task: Task) -> list[str]:
 
 
 class OraclePolicy(ScriptedPolicy):
-    """Runs each task's reference solution: every task should pass; one that fails is broken."""
+    """Runs each task's reference solution: every task should pass; one that fails is broken. Its
+    turns are never cut at the token budget: a long reference is answered whole, so a task set is
+    validated on its references, not on the budget."""
 
     def __init__(self) -> None:
-        super().__init__(name="oracle", outputs_for=oracle_turns)
+        super().__init__(name="oracle", outputs_for=oracle_turns, truncate=False)
 
 
 # --------------------------------------------------------------------------------------- factory
