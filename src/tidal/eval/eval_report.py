@@ -142,7 +142,9 @@ def _outcomes_section(views: list[EvalView]) -> str:
         cells = "".join(f"<td>{s['outcomes'].get(n, 0)}</td>" for n in names)
         ci = "–".join(_pct(v) for v in s["ci"])
         hat = ", ".join(f"^{k} {_pct(v)}" for k, v in s["pass_hat_k"].items())
-        at = ", ".join(f"@{k} {_pct(v)}" for k, v in s["pass_at_k"].items())
+        ci_k = s.get("pass_at_k_ci", {})
+        at = ", ".join(f"@{k} {_pct(v)}" + (f" ({'–'.join(_pct(b) for b in ci_k[k])})" if k in ci_k else "")
+                       for k, v in s["pass_at_k"].items())
         se = s.get("cluster_se_group") or s.get("cluster_se_task")
         rows.append(f"<tr><td>{_e(view.name)}</td><td>{_pct(s['pass_rate'])} ({ci})</td>"
                     f"<td>{_e(at)}</td><td>{_e(hat)}</td><td>{_num(se)}</td>"

@@ -284,8 +284,8 @@ def view_of(folder: Path, settings: EvalSettings, baseline: list[dict[str, Any]]
         raise EvalError(f"{folder}: no {RESULTS}; is it an eval folder (tidal eval --out)?")
     records = [r for r in records if r["task_id"] not in skipped]  # run before the task was quarantined
     epochs = int(spec.get("epochs", 1))
-    summary = summarize(records, epochs)
     temperature = spec.get("settings", {}).get("temperature", settings.temperature)
+    summary = summarize(records, epochs, temperature)
     summary.update(model=spec.get("model", folder.name), epochs=epochs, tasks=len(spec.get("tasks", [])),
                    quarantined=quarantined, temperature=temperature,
                    interval_note=interval_note(summary, epochs, temperature))

@@ -6,8 +6,9 @@
   `group` when tasks share one): episodes of one task are correlated, identical at temperature 0,
   so the interval is never narrower than the one over tasks would be when repeats agree; also a
   cluster-robust standard error (compare.cluster_se) over tasks when there are several epochs;
-- pass@k (unbiased, 1 − C(n−c,k)/C(n,k)) and pass^k (C(c,k)/C(n,k)) averaged over tasks, for
-  k = 1..epochs;
+- pass@k (unbiased, 1 − C(n−c,k)/C(n,k), Chen et al. 2021) for k = 1..epochs (k = 1 only at
+  temperature 0), each with a task-clustered 95% interval (`clustered_mean_interval`), and pass^k
+  (C(c,k)/C(n,k)) averaged over tasks;
 - per domain: episodes, pass rate, the same task-clustered interval;
 - distributions (mean, p50, p90, max) of steps, tokens, cost and latency, and the latency split
   Σ generation + Σ tool + Σ overhead;
@@ -65,8 +66,22 @@ def _rate(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "clusters": interval.clusters, "design_effect": interval.design_effect}
 
 
-def summarize(records: Sequence[dict[str, Any]], epochs: int = 1) -> dict[str, Any]:
-    """The metrics of one eval's records (one per task and epoch; see the module docstring)."""
+def clustered_mean_interval(estimates: dict[str, float], group_of: dict[str, str]) -> tuple[float, float]:
+    """The 95% interval of the mean of per-task estimates in [0, 1] (pass@k), clustered by task
+    group: the Wilson interval at n = the number of groups, each group's mean one draw. Its
+    binomial variance p(1-p)/G bounds the variance of a mean of G values in [0, 1] with mean p,
+    so it is valid for fractional estimates and stays finite at 0 and 1."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for task, value in estimates.items():
+        groups[group_of.get(task, task)].append(value)
+    means = [float(np.mean(values)) for values in groups.values()]
+    interval = clustered_interval(means, [1] * len(means))
+    return interval.low, interval.high
+
+
+def summarize(records: Sequence[dict[str, Any]], epochs: int = 1, temperature: float | None = None) -> dict[str, Any]:
+    """The metrics of one eval's records (one per task and epoch; see the module docstring).
+    `temperature` 0 (greedy) reports pass@1 only: identical repeats say nothing about pass@k."""
     outcomes: dict[str, int] = defaultdict(int)
     for record in records:
         outcomes[record["outcome"]] += 1
@@ -87,16 +102,23 @@ def summarize(records: Sequence[dict[str, Any]], epochs: int = 1) -> dict[str, A
     summary["cluster_se_group"] = _cluster_se(passes, by_group) if len(set(by_group)) < len(set(by_task)) else None
 
     per_task: dict[str, list[bool]] = defaultdict(list)
+    group_of: dict[str, str] = {}
     for record in scored:
         per_task[record["task_id"]].append(bool(record["passed"]))
+        group_of[record["task_id"]] = str(record.get("group") or record["task_id"])
     pass_k: dict[str, float] = {}
+    pass_k_ci: dict[str, list[float]] = {}
     hat_k: dict[str, float] = {}
+    greedy = temperature is not None and temperature == 0  # identical repeats: pass@k = pass@1
     for k in range(1, max(1, epochs) + 1):
-        eligible = [v for v in per_task.values() if len(v) >= k]
+        eligible = {t: v for t, v in per_task.items() if len(v) >= k}
         if eligible:
-            pass_k[str(k)] = float(np.mean([pass_at_k(len(v), sum(v), k) for v in eligible]))
-            hat_k[str(k)] = float(np.mean([pass_hat_k(len(v), sum(v), k) for v in eligible]))
-    summary["pass_at_k"], summary["pass_hat_k"] = pass_k, hat_k
+            if k == 1 or not greedy:
+                estimates = {t: pass_at_k(len(v), sum(v), k) for t, v in eligible.items()}
+                pass_k[str(k)] = float(np.mean(list(estimates.values())))
+                pass_k_ci[str(k)] = list(clustered_mean_interval(estimates, group_of))
+            hat_k[str(k)] = float(np.mean([pass_hat_k(len(v), sum(v), k) for v in eligible.values()]))
+    summary["pass_at_k"], summary["pass_at_k_ci"], summary["pass_hat_k"] = pass_k, pass_k_ci, hat_k
 
     domains: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in scored:
