@@ -154,6 +154,9 @@ class Completion:
     # Multi-turn (agent) episodes: (len(token_ids),) 1 on tokens the model generated, 0 on the tool
     # results between its turns (their logprobs are 0 and they are never trained); None = all 1.
     loss_mask: list[int] | None = None
+    # (len(token_ids),) 1 on the tokens of tool results (the observations appended after a turn);
+    # None = all 0. Only recorded (the trajectory store's `tool_mask`), never trained on.
+    tool_mask: list[int] | None = None
 
 
 @dataclass
@@ -186,6 +189,8 @@ class Episode:
             "prompt_ids": c.prompt_ids,
             "token_ids": c.token_ids,
             "logprobs": c.logprobs,
+            "loss_mask": c.loss_mask if c.loss_mask is not None else [1] * len(c.token_ids),
+            "tool_mask": c.tool_mask if c.tool_mask is not None else [0] * len(c.token_ids),
             "text": c.text,
             "finish_reason": c.finish_reason,
             "weight_version": c.weight_version,

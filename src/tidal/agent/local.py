@@ -81,6 +81,7 @@ class LocalConversation:
         self.prompt_ids = render_prompt(policy.tokenizer, self.messages)
         self.token_ids: list[int] = list(self.prompt_ids)
         self.mask: list[int] = [0] * len(self.token_ids)  # 1 on generated tokens (the ones trained on)
+        self.tool_mask: list[int] = [0] * len(self.token_ids)  # 1 on the tool results' observation tokens
         self.logprobs: list[float] = [0.0] * len(self.token_ids)  # sampler logprobs where mask == 1
         self.weight_versions: list[int] = []
         self.seed = seed
@@ -90,15 +91,21 @@ class LocalConversation:
     def context_tokens(self) -> int:
         return len(self.token_ids)
 
-    def generate(self, max_new_tokens: int, deadline: float | None = None) -> Turn:
+    def turn_params(self, max_new_tokens: int) -> Any:
+        """The `SamplingParams` of the next turn: its seed follows from the episode's and the turn's
+        number, so the eval's batched stream (eval/stream.py) samples exactly what `generate` would."""
         from tidal.rollout import SamplingParams
 
         policy = self.policy
         seed = None if self.seed is None else self.seed * 1_000_003 + self.turns
         if policy.temperature == 0:
             seed = None  # greedy draws nothing: no seed lets the turn share an engine call
-        params = SamplingParams(temperature=policy.temperature, top_p=policy.top_p,
-                                max_new_tokens=max(1, max_new_tokens), stop=list(policy.stop), seed=seed)
+        return SamplingParams(temperature=policy.temperature, top_p=policy.top_p,
+                              max_new_tokens=max(1, max_new_tokens), stop=list(policy.stop), seed=seed)
+
+    def generate(self, max_new_tokens: int, deadline: float | None = None) -> Turn:
+        policy = self.policy
+        params = self.turn_params(max_new_tokens)
         context = len(self.token_ids)
         started = time.perf_counter()
         try:
@@ -114,6 +121,7 @@ class LocalConversation:
         self.turns += 1
         self.token_ids += completion.token_ids
         self.mask += [1] * len(completion.token_ids)
+        self.tool_mask += [0] * len(completion.token_ids)
         self.logprobs += completion.logprobs
         self.weight_versions.append(completion.weight_version)
         self._ended_with_eos = bool(completion.token_ids) and completion.token_ids[-1] in policy.engine.eos_ids
@@ -128,13 +136,14 @@ class LocalConversation:
         ids = list(self.policy.tokenizer.encode(text, add_special_tokens=False))
         self.token_ids += ids
         self.mask += [0] * len(ids)
+        self.tool_mask += [1] * len(ids)
         self.logprobs += [0.0] * len(ids)
         self.messages.extend(answers)
 
     def shrink(self, strategy: list[str] | tuple[str, ...]) -> str | None:
         """One step of the overflow strategy (window.shrink); the prompt is then re-rendered from the
         messages, so the episode is no longer token-in/token-out (the trace's `context_rewrites`
-        says where: `token_ids` holds the rewritten context from then on, its turns' mask 0)."""
+        says where: `token_ids` holds the rewritten context from then on, its turns' masks 0)."""
         from tidal.models import render_prompt
 
         done = shrink(self.messages, self.opening, strategy)
@@ -142,13 +151,14 @@ class LocalConversation:
             return None
         self.token_ids = render_prompt(self.policy.tokenizer, self.messages)
         self.mask = [0] * len(self.token_ids)
+        self.tool_mask = [0] * len(self.token_ids)
         self.logprobs = [0.0] * len(self.token_ids)
         self.rewrites.append({"turn": self.turns, "change": done, "context_tokens": len(self.token_ids)})
         return done
 
     def trace(self) -> dict[str, Any]:
         trace = {"messages": self.messages, "prompt_ids": self.prompt_ids, "token_ids": self.token_ids,
-                 "mask": self.mask, "logprobs": self.logprobs, "weight_versions": self.weight_versions}
+                 "mask": self.mask, "tool_mask": self.tool_mask, "logprobs": self.logprobs, "weight_versions": self.weight_versions}
         if self.rewrites:
             trace["context_rewrites"] = self.rewrites
         if self.partial:

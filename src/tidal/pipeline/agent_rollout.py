@@ -5,7 +5,8 @@ A task with tools or more than one step is not sampled as one completion: each o
 behind a `LocalPolicy` (token-in/token-out: the episode is one running list of token ids; the
 model's turns are appended exactly as sampled, tool results are appended with mask 0). The
 episode becomes an `Episode` whose completion is everything after the first prompt, with a
-`loss_mask` so only the model's own tokens train, and whose score is the acceptance verdict; the
+`loss_mask` so only the model's own tokens train and a `tool_mask` saying which came from tools
+(both kept in the trajectory store), and whose score is the acceptance verdict; the
 loop's scorer leaves such an episode alone. The group's episodes, and the groups of one step, run
 concurrently (`rollout.agent_concurrency`), their turns batched into shared engine calls.
 """
@@ -51,6 +52,7 @@ def episode_from_result(result: AgentResult, episode_id: str, group_id: str, ver
     prompt = list(trace.get("prompt_ids", []))
     tokens = list(trace.get("token_ids", []))[len(prompt):]
     mask = list(trace.get("mask", []))[len(prompt):]
+    tool_mask = list(trace.get("tool_mask", []))[len(prompt):]
     logprobs = list(trace.get("logprobs", []))[len(prompt):]
     turns = [m["content"] for m in trace.get("messages", []) if m.get("role") == "assistant"]
     versions = trace.get("weight_versions") or [version]
@@ -59,7 +61,8 @@ def episode_from_result(result: AgentResult, episode_id: str, group_id: str, ver
         score = Score(0.0, Outcome.INFRA_ERROR, detail=f"agent episode: {result.outcome.value}: {result.detail}"[:2000])
     score = replace(score, info={**score.info, AGENT_INFO: agent_turns(result)})
     completion = Completion(prompt_ids=prompt, token_ids=tokens, logprobs=logprobs, text="\n".join(turns),
-                            finish_reason="stop", weight_version=min(versions), loss_mask=mask)
+                            finish_reason="stop", weight_version=min(versions), loss_mask=mask,
+                            tool_mask=tool_mask if len(tool_mask) == len(tokens) else None)
     episode = Episode(id=episode_id, task_id=result.task_id, domain=result.domain, group_id=group_id,
                       completion=completion, score=score)
     episode.timings.update({"agent_steps": float(len(result.steps)), "agent_wall_s": result.wall_s})

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from tidal.errors import WorkerLostError
 from tidal.pipeline.backends import Workers, get_backend
 from tidal.pipeline.ratio import RatioController, ratio_bounds
 from tidal.pipeline.scheduler import (
@@ -70,6 +71,30 @@ class _Failure:
     """A pipeline thread died; the trainer re-raises its error."""
 
     error: BaseException
+
+
+# An engine rate and the count it is a fraction of, for summing workers' counters (`engine/reuse_rate`
+# is a fraction of the prompt tokens; `spec/tokens_per_pass` is weighted by the drafts, whose count
+# is proportional to the verify passes at a fixed draft length).
+RATE_WEIGHTS = {"engine/prefix_hit_rate": "engine/prompt_tokens", "engine/reuse_rate": "engine/prompt_tokens",
+                "spec/acceptance_rate": "spec/drafted", "spec/tokens_per_pass": "spec/drafted"}
+
+
+def sum_engine_metrics(per_worker: list[dict[str, float]]) -> dict[str, float]:
+    """Several engines' `run_metrics` as one engine's: counts summed, each rate of `RATE_WEIGHTS`
+    the mean of the workers' rates weighted by the count it is a fraction of (plain mean when every
+    weight is 0)."""
+    out: dict[str, float] = {}
+    for name in sorted({name for metrics in per_worker for name in metrics}):
+        having = [metrics for metrics in per_worker if name in metrics]
+        if name not in RATE_WEIGHTS:
+            out[name] = sum(metrics[name] for metrics in having)
+            continue
+        weights = [float(metrics.get(RATE_WEIGHTS[name], 0.0)) for metrics in having]
+        total = sum(weights)
+        out[name] = (sum(w * m[name] for w, m in zip(weights, having)) / total if total
+                     else sum(m[name] for m in having) / len(having))
+    return out
 
 
 def _put(out: queue.Queue, item: Any, stop: threading.Event) -> float | None:
@@ -414,10 +439,24 @@ class AsyncSource:
         out.update({f"restarts/{kind}": n for kind, n in self.workers.restarts().items()})
         out.update(self.scheduler.metrics())
         out.update(self.scoring.metrics())
-        engine = self.parts.engine
-        if self.parts.engine_holds_copy and isinstance(engine, ReportsMetrics):  # the workers' server (http)
-            out.update(engine.run_metrics())
+        out.update(self._engine_metrics())
         return out
+
+    def _engine_metrics(self) -> dict[str, float]:
+        """The rollout engines' counters (`engine/...`, `spec/...`), as the sync loop reports its
+        engine's: with an HTTP engine its server's (every worker samples there); else summed over
+        the rollout workers' own engines (`sum_engine_metrics`). A worker that does not answer
+        (being replaced) is left out of this row rather than failing the step."""
+        engine = self.parts.engine
+        if self.parts.engine_holds_copy:  # the workers' server (http)
+            return engine.run_metrics() if isinstance(engine, ReportsMetrics) else {}
+        per_worker = []
+        for index, worker in enumerate(list(self.scheduler.workers)):
+            try:
+                per_worker.append(worker.run_metrics())
+            except WorkerLostError as error:
+                logger.info("engine metrics: rollout worker %d did not answer: %s", index, error)
+        return sum_engine_metrics(per_worker)
 
     def hold(self, priority: int, name: str) -> contextlib.AbstractContextManager[None]:
         return self.scheduler.hold(priority, name)

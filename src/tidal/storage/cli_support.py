@@ -160,7 +160,13 @@ def show_trajectory(store: TrajectoryStore, id: str, console: Console) -> None:
         console.print(record["text"], markup=False, highlight=False)
     logprobs = [x for x in record["logprobs"] or []]
     tokens = len(record["token_ids"] or [])
-    console.print(f"{tokens} tokens, finish reason {record['finish_reason']}", style="dim")
+    loss_mask, tool_mask = record.get("loss_mask"), record.get("tool_mask")
+    if loss_mask is not None and len(loss_mask) == len(logprobs):  # the summary is of the generated tokens
+        logprobs = [x for x, m in zip(logprobs, loss_mask) if m]
+    split = ""
+    if loss_mask is not None and tool_mask is not None and (not all(loss_mask) or any(tool_mask)):
+        split = f" ({sum(loss_mask)} generated and trained on, {sum(tool_mask)} from tools)"
+    console.print(f"{tokens} tokens{split}, finish reason {record['finish_reason']}", style="dim")
     if logprobs:
         mean = sum(logprobs) / len(logprobs)
         console.print(
@@ -258,6 +264,8 @@ def _row_from_record(record: dict[str, Any], step: int) -> dict[str, Any]:
         "prompt_ids": record["prompt_ids"],
         "token_ids": record["token_ids"],
         "logprobs": record["logprobs"],
+        "loss_mask": record.get("loss_mask"),  # absent in JSONL records of older runs: null
+        "tool_mask": record.get("tool_mask"),
         "text": record["text"],
         "finish_reason": record["finish_reason"],
         "weight_version": record["weight_version"],

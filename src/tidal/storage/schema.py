@@ -1,10 +1,11 @@
-"""The trajectory store's Arrow schemas (version 1) and the conversions to and from its rows.
+"""The trajectory store's Arrow schemas (version 2) and the conversions to and from its rows.
 
 Two kinds of segment share one store (docs/design/store.md):
 
 - `trajectories`: one row per trajectory, flat columns so DuckDB can filter and aggregate without
-  unpacking JSON; lists for token ids and logprobs, maps for reward components and timings. The
-  verifier's free-form `info` is the one JSON text column, since its keys differ per verifier.
+  unpacking JSON; lists for token ids, logprobs and the per-token masks, maps for reward components
+  and timings. The verifier's free-form `info` is the one JSON text column, since its keys differ
+  per verifier.
 - `ledger`: the exactly-once ledger, one row per trained id (`event = 'trained'`) or one row per
   resume (`event = 'rollback'`, `id` null), appended, never rewritten.
 
@@ -12,7 +13,8 @@ Every row carries the `attempt` (one per opening of the store for writing) and t
 segment within that attempt, so a reader can order segments and take the latest version of an id.
 
 Versioning: the schema version is written in each segment's footer (`tidal.schema_version`). A
-reader upgrades older versions through `UPGRADES` (none yet) and refuses newer ones.
+reader upgrades older versions through `UPGRADES` and refuses newer ones. Version 2 added
+`loss_mask` and `tool_mask`; version-1 rows read them as null (not recorded).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pyarrow as pa
 from tidal.storage.run import dumps
 from tidal.types import Episode
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 TRAJECTORIES = "trajectories"
 LEDGER = "ledger"
 
@@ -50,6 +52,13 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("prompt_ids", pa.list_(pa.int32())),  # (P,)
         pa.field("token_ids", pa.list_(pa.int32())),  # (T,) generated tokens
         pa.field("logprobs", pa.list_(pa.float64())),  # (T,) sampler logprobs, kept exactly
+        # (T,) 1 on the tokens the model generated, which are the ones trained; 0 on the rest (a
+        # multi-turn episode's tool results, a context rewritten by its overflow strategy). Null
+        # only in rows of schema version 1, which did not record it.
+        pa.field("loss_mask", pa.list_(pa.int8())),
+        # (T,) 1 on the tokens of tool results (each observation appended after a model turn, the
+        # chat template's framing of it included); all 0 in single-turn rows. Null in version 1.
+        pa.field("tool_mask", pa.list_(pa.int8())),
         pa.field("text", pa.string()),
         pa.field("finish_reason", pa.string()),
         pa.field("weight_version", pa.int64(), nullable=False),
@@ -80,8 +89,19 @@ LEDGER_SCHEMA = pa.schema(
 
 SCHEMAS = {TRAJECTORIES: TRAJECTORY_SCHEMA, LEDGER: LEDGER_SCHEMA}
 
+
+
+def _add_masks(table: pa.Table) -> pa.Table:
+    """Version 1 -> 2: the mask columns, null (version 1 did not record them)."""
+    if "token_ids" not in table.column_names:
+        return table  # a ledger segment: unchanged from version 1
+    for name in ("loss_mask", "tool_mask"):
+        table = table.append_column(TRAJECTORY_SCHEMA.field(name), pa.nulls(table.num_rows, pa.list_(pa.int8())))
+    return table
+
+
 # schema version -> function turning a table of that version into one of the next version.
-UPGRADES: dict[int, Callable[[pa.Table], pa.Table]] = {}
+UPGRADES: dict[int, Callable[[pa.Table], pa.Table]] = {1: _add_masks}
 
 
 def upgrade(table: pa.Table, version: int, kind: str) -> pa.Table:
@@ -118,6 +138,8 @@ def episode_row(
         "prompt_ids": list(completion.prompt_ids),
         "token_ids": list(completion.token_ids),
         "logprobs": [float(x) for x in completion.logprobs],
+        "loss_mask": _mask(episode, "loss_mask", 1),
+        "tool_mask": _mask(episode, "tool_mask", 0),
         "text": completion.text,
         "finish_reason": completion.finish_reason,
         "weight_version": completion.weight_version,
@@ -131,6 +153,17 @@ def episode_row(
         "advantage": float(episode.advantage),
         "timings": {**(timings or {}), **{k: float(v) for k, v in episode.timings.items()}},
     }
+
+
+def _mask(episode: Episode, name: str, default: int) -> list[int]:
+    """The completion's per-token mask `name` as stored: written out in full even where the
+    completion leaves it None (every token `default`), so a reader needs no convention."""
+    mask, length = getattr(episode.completion, name), len(episode.completion.token_ids)
+    if mask is None:
+        return [default] * length
+    if len(mask) != length:
+        raise ValueError(f"episode {episode.id}: its {name} has {len(mask)} entries for {length} tokens")
+    return [int(bool(m)) for m in mask]
 
 
 def _components(episode: Episode) -> dict[str, float]:

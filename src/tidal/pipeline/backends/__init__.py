@@ -55,6 +55,11 @@ class RolloutWorker(Protocol):
         its model still computes the canary logprobs of the weights it holds; raises otherwise."""
         ...
 
+    def run_metrics(self) -> dict[str, float]:
+        """Its engine's own counters since the engine started (`ReportsMetrics.run_metrics`:
+        `engine/...`, `spec/...`); {} when the engine keeps none or has not started yet."""
+        ...
+
 
 @dataclass
 class Workers:

@@ -25,7 +25,7 @@ from tidal.pipeline.stages import LoopParts, Sampler
 from tidal.pipeline.weights import UNLOADED, Publication, check_canary, load_verified
 from tidal.reward.scorer import Scorer
 from tidal.rollout.engine import Cancel, EmbeddedEngine
-from tidal.rollout.protocol import RolloutEngine
+from tidal.rollout.protocol import ReportsMetrics, RolloutEngine
 from tidal.types import Group, Score, Task
 
 
@@ -93,6 +93,10 @@ class LocalRollout:
     def check(self) -> None:
         if self.loaded is not None and self.sampler.engine.weight_version == self.loaded.version:
             check_canary(self.sampler.engine, self.loaded, self.tolerance)
+
+    def run_metrics(self) -> dict[str, float]:
+        engine = self.sampler.engine
+        return engine.run_metrics() if isinstance(engine, ReportsMetrics) else {}
 
 
 class ScorerPool:

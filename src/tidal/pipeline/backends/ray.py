@@ -43,6 +43,7 @@ from tidal.pipeline.weights import (
 )
 from tidal.reward.registry import needs_sandbox
 from tidal.rollout.engine import Cancel, EmbeddedEngine
+from tidal.rollout.protocol import ReportsMetrics
 from tidal.sandbox.image import ImageSpec, image_spec
 from tidal.types import Group, Score, Task
 
@@ -97,6 +98,11 @@ class RolloutActor:
         if engine is not None and self.loaded is not None and engine.weight_version == self.loaded.version:
             check_canary(engine, self.loaded, self.config.pipeline.canary_tolerance)
         return os.getpid()
+
+    def run_metrics(self) -> dict[str, float]:
+        """Its engine's counters (`engine/...`, `spec/...`); {} before the first `sample` call."""
+        engine = self.sampler.engine if self.sampler is not None else None
+        return engine.run_metrics() if isinstance(engine, ReportsMetrics) else {}
 
     def _sampler(self, policy: list[Any]) -> Sampler:
         """The sampler, made on the first call from `policy`, the ref of (model, tokenizer)."""
@@ -234,6 +240,13 @@ class RayRollout:
         [pid] = _get(self.ray, [self.actor.check.remote()], self.pipeline.health_timeout_s,
                      f"rollout actor {self.index}, health check", self.pipeline.worker_restarts)
         self.restarts.saw(self.index, pid)
+
+    def run_metrics(self) -> dict[str, float]:
+        # On the control thread: the counters are read while a `sample` call runs.
+        [metrics] = _get(self.ray, [self.actor.run_metrics.options(concurrency_group=CONTROL).remote()],
+                         self.pipeline.health_timeout_s, f"rollout actor {self.index}, engine metrics",
+                         self.pipeline.worker_restarts)
+        return metrics
 
 
 class RayScorers:
