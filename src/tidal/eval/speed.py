@@ -12,7 +12,8 @@ Per record (harness.py):
   a successful call).
 
 Summary (`speed_summary`), over scored records: each speed figure per task (a task's epochs
-averaged, then a Student t interval over tasks) and per step (the pooled mean of turns with a
+averaged, then a seeded percentile bootstrap of the mean over tasks, which never reaches below 0 as
+a t interval of times does: stats.positive_mean_ci) and per step (the pooled mean of turns with a
 percentile bootstrap that resamples tasks, all their turns together, seeded); the failed-call rate
 and the recovery rate pooled over calls and failures with the task-clustered Wilson interval
 (stats.clustered_interval), like every rate tidal reports.
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tidal.eval.stats import clustered_interval, mean_ci
+from tidal.eval.stats import clustered_interval, positive_mean_ci
 
 BOOTSTRAP = 2000
 SEED = 0
@@ -63,7 +64,7 @@ def _per_task(records: Sequence[Mapping[str, Any]], key: str) -> dict[str, float
 def _task_interval(values: Mapping[str, float]) -> dict[str, Any] | None:
     if not values:
         return None
-    mean, low, high = mean_ci(list(values.values()))
+    mean, low, high = positive_mean_ci(list(values.values()), seed=SEED)
     finite = np.isfinite([low, high]).all()
     return {"mean": mean, "ci": [low, high] if finite else None, "tasks": len(values)}
 

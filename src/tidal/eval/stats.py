@@ -1,5 +1,5 @@
-"""Statistics for evaluation: binomial, task-clustered and t intervals, paired comparison, pass@k
-and pass^k.
+"""Statistics for evaluation: binomial, task-clustered and t intervals, bootstrap intervals of
+positive quantities, paired comparison, pass@k and pass^k.
 
 `clustered_interval` is the interval of every pass rate tidal reports (eval summaries, train
 summaries): samples of one task are not independent. `wilson_interval` is right only where they
@@ -271,6 +271,34 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
     sd = float(array.std(ddof=1)) if array.size > 1 else 0.0
     low, high = _t_interval(mean, sd, int(array.size), confidence)
     return mean, low, high
+
+
+def positive_mean_ci(values: Sequence[float], confidence: float = 0.95, draws: int = 2000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high) of a quantity that is never negative (a time, a speed): the percentile
+    bootstrap of the mean (`draws` resamples, seeded), which lies within the values' range, so
+    never below 0, where the t interval of a small, skewed sample of times reaches below 0 (a
+    time to first token of [-0.004, 0.049] s). Like any percentile bootstrap it is somewhat too
+    narrow for a handful of values.
+
+    One value gives (value, 0, inf); values without spread a zero-width interval; a negative value
+    raises ValueError.
+    """
+    _check_confidence(confidence)
+    array = _as_array(values, "values")
+    if np.any(array < 0):
+        raise ValueError(f"values: a positive quantity holds negative values at positions "
+                         f"{np.flatnonzero(array < 0).tolist()[:10]}")
+    mean = float(array.mean())
+    if array.size < 2:
+        return mean, 0.0, math.inf
+    if float(array.min()) == float(array.max()):
+        return mean, mean, mean
+    picks = np.random.default_rng(seed).integers(0, array.size, size=(draws, array.size))
+    means = array[picks].mean(axis=1)
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    low, high = np.percentile(means, [tail, 100.0 - tail])
+    return mean, float(low), float(high)
 
 
 # ------------------------------------------------------------------------------------------------
