@@ -234,8 +234,16 @@ def eval_command(
     model: str = typer.Option(..., "--model", help="tiny, a checkpoint folder, oracle, or openai:<model>@<base_url>"),
     tasks: list[Path] = typer.Option(..., "--tasks", help="task files, task folders, or folders of them"),
     more_tasks: Optional[list[Path]] = typer.Argument(None, help="more task paths (--tasks A B C)"),
-    epochs: int = typer.Option(1, min=1, help="episodes per task (pass@k, pass^k up to k = epochs)"),
-    concurrency: int = typer.Option(1, min=1, help="episodes at a time"),
+    epochs: int = typer.Option(1, "--epochs", "--samples", min=1, help="samples (episodes) per task: pass@k and "
+                               "pass^k up to k = samples"),
+    concurrency: Optional[int] = typer.Option(None, min=1, help="episodes at a time (default: a local model's turn "
+                                              "batch, 8 for an endpoint; a local model's single-turn answers all "
+                                              "run at once)"),
+    temperature: Optional[float] = typer.Option(None, min=0, max=2, help="sampling temperature (default: the "
+                                                "config's, 0 = greedy)"),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1, help="tokens per answer or "
+                                                 "turn (default: the config's budgets.max_new_tokens)"),
+    limit: Optional[int] = typer.Option(None, min=1, help="evaluate the first N tasks only"),
     out: Path = typer.Option(Path("evals/latest"), help="eval folder; rerunning into it resumes"),
     config: Optional[Path] = typer.Option(None, help="eval config: budgets, prices, checklist (configs/eval.yaml)"),
     baseline: Optional[list[Path]] = typer.Option(None, help="eval folder(s) to compare with in the report"),
@@ -263,14 +271,16 @@ def eval_command(
             typer.secho(f"warning: {text}", fg="yellow", err=True)
 
         from tidal.eval.prices import with_flag_prices
+        from tidal.eval.settings import with_flag_sampling
 
         settings = with_flag_prices(load_eval_settings(config), model, price_in, price_out)
+        settings = with_flag_sampling(settings, temperature, max_new_tokens)
         if sweep is not None:
             from tidal.eval.sweep import parse_sweep, run_sweep
 
             points = run_sweep(parse_sweep(sweep), out, settings, evaluate, model=model,
                                task_paths=[*tasks, *(more_tasks or [])], epochs=epochs, concurrency=concurrency,
-                               on_result=progress, quarantine=quarantine, warn=warn)["points"]
+                               on_result=progress, quarantine=quarantine, warn=warn, limit=limit)["points"]
             for point in points:
                 rate = "n/a" if point["pass_rate"] is None else f"{100 * point['pass_rate']:.1f}%"
                 typer.echo(f"context {point['context_length']}: pass rate {rate}, "
@@ -279,7 +289,7 @@ def eval_command(
             return
         summary = evaluate(model, [*tasks, *(more_tasks or [])], out, epochs=epochs, concurrency=concurrency,
                            settings=settings, baselines=list(baseline or []), on_result=progress,
-                           quarantine=quarantine, warn=warn)
+                           quarantine=quarantine, warn=warn, limit=limit)
     except TidalError as error:
         _fail(error)
     rate = "n/a" if summary["pass_rate"] is None else f"{100 * summary['pass_rate']:.1f}%"

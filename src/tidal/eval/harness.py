@@ -17,8 +17,11 @@ run's held-out evaluation judges it (answers.py). Both end in one outcome taxono
 A rerun with the same `out` skips every (task, epoch) with a record whose outcome is not
 `infra_error`; a torn last line is ignored. Infra errors are retried with backoff, reported apart
 and never counted as failures; `EndpointAuthError` and `EndpointConfigError` stop the eval at once,
-keeping every result written. Episodes run `concurrency` at a time in threads, since they mostly
+keeping every result written. A local model's single-turn answers (every task x epoch) go through
+its engine as one continuously batched stream (stream.py), whatever `concurrency` is. Episodes
+(and every answer of another policy) run `concurrency` at a time in threads, since they mostly
 wait on sandboxes or HTTP; a local model batches their waiting turns (agent/local.py).
+`evaluate` picks the concurrency for the model when it is not given (`default_concurrency`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from tidal.eval.results import (
 )
 from tidal.eval.settings import EvalSettings
 from tidal.eval.speed import speed_fields, step_fields
+from tidal.eval.stream import stream_answers, streams
 from tidal.sandbox.base import SandboxBackend
 from tidal.sandbox.session import SessionStore
 from tidal.storage.run import dumps, fsync_path
@@ -214,8 +218,22 @@ def run_eval(policy: Policy, tasks: Sequence[Task], out: str | Path, backend: Sa
                              window=window)
         return (answer.outcome, answer.detail,
                 lambda tries, retried, trace: answer_record(task, epoch, answer, model, settings, tries, retried, trace),
-                {"kind": "answer", "outcome": answer.outcome.value, "answer": answer.text, "detail": answer.detail,
-                 "score": answer.score.to_dict() if answer.score else None, "finish_reason": answer.finish_reason})
+                _answer_trace(answer))
+
+    def write(task: Task, epoch: int, make_record: Callable[[int, list[str], str], dict[str, Any]],
+              trace_record: dict[str, Any], tries: int, retried: list[str]) -> dict[str, Any]:
+        trace = f"{TRACES}/{_trace_name(task.id, epoch)}"
+        (out / trace).write_text(dumps({"task_id": task.id, "epoch": epoch, "prompt": task.messages(), **trace_record}),
+                                 encoding="utf-8")
+        record = make_record(tries, retried, trace)
+        writer.append(record)
+        if on_result is not None:
+            on_result(record)
+        return record
+
+    def finish_answer(task: Task, epoch: int, answer: Answer, tries: int, retried: list[str]) -> None:
+        write(task, epoch, lambda t, r, trace: answer_record(task, epoch, answer, model, settings, t, r, trace),
+              _answer_trace(answer), tries, retried)
 
     def one(task: Task, epoch: int) -> dict[str, Any]:
         retried: list[str] = []
@@ -225,23 +243,28 @@ def run_eval(policy: Policy, tasks: Sequence[Task], out: str | Path, backend: Sa
                 break
             retried.append(detail[:500])
             sleep(min(settings.retries.backoff_max_s, settings.retries.backoff_s * 2 ** (tries - 1)))
-        trace = f"{TRACES}/{_trace_name(task.id, epoch)}"
-        trace_path = out / trace
-        trace_path.write_text(dumps({"task_id": task.id, "epoch": epoch, "prompt": task.messages(), **trace_record}),
-                              encoding="utf-8")
-        record = make_record(tries, retried, trace)
-        writer.append(record)
-        if on_result is not None:
-            on_result(record)
-        return record
+        return write(task, epoch, make_record, trace_record, tries, retried)
 
+    # A local model's single-turn answers go through its engine as one batched stream (stream.py).
+    streamed = [(t, e) for t, e in work if not is_multi_turn(t)] if streams(policy) else []
+    ran = 0
     try:
-        ran = _run_all(work, one, concurrency, stop)
+        if streamed:
+            assert score_many is not None
+            ran += stream_answers(policy, streamed, score_many, finish_answer, window=window, retries=settings.retries,
+                                  max_new_tokens=settings.budgets.max_new_tokens, sleep=sleep)
+            work = [(t, e) for t, e in work if is_multi_turn(t)]
+        ran += _run_all(work, one, concurrency, stop)
     finally:
         store.close()
         if scorer is not None:
             scorer.close()
     return EvalRun(out, latest_records(read_results(out / RESULTS)), ran, len(done))
+
+
+def _answer_trace(answer: Answer) -> dict[str, Any]:
+    return {"kind": "answer", "outcome": answer.outcome.value, "answer": answer.text, "detail": answer.detail,
+            "score": answer.score.to_dict() if answer.score else None, "finish_reason": answer.finish_reason}
 
 
 def _run_all(work: list[tuple[Task, int]], one: Callable[[Task, int], dict[str, Any]], concurrency: int,
@@ -334,12 +357,25 @@ def finish_eval(out: Path, settings: EvalSettings, baselines: Sequence[Path] = (
     return summary
 
 
+ENDPOINT_CONCURRENCY = 8  # requests at a time to an endpoint, and episodes at a time of the oracle
+
+
+def default_concurrency(policy: Policy) -> int:
+    """Episodes at a time when the user gives none: a local model takes as many as its turn batch
+    holds (its single-turn answers are all in flight anyway, stream.py); an endpoint or the oracle
+    a bounded number."""
+    if streams(policy):
+        return max(1, int(getattr(policy, "max_batch", ENDPOINT_CONCURRENCY)))
+    return ENDPOINT_CONCURRENCY
+
+
 def evaluate(model: str, task_paths: Sequence[str | Path], out: str | Path, *, epochs: int = 1,
-             concurrency: int = 1, settings: EvalSettings | None = None, baselines: Sequence[Path] = (),
+             concurrency: int | None = None, settings: EvalSettings | None = None, baselines: Sequence[Path] = (),
              on_result: Callable[[dict[str, Any]], None] | None = None, quarantine: str | Path | None = None,
-             warn: Callable[[str], None] = logger.warning) -> dict[str, Any]:
+             warn: Callable[[str], None] = logger.warning, limit: int | None = None) -> dict[str, Any]:
     """`tidal eval`: load the tasks and the model, run what is unfinished, write summary and report.
-    `quarantine`: an audit's quarantine file, read before anything runs (QuarantineError)."""
+    `quarantine`: an audit's quarantine file, read before anything runs (QuarantineError);
+    `limit`: the first N tasks only; `concurrency` None: `default_concurrency`."""
     from tidal.agent.policy import make_policy
     from tidal.audit.quarantine import load_quarantine
     from tidal.sandbox import get_backend
@@ -350,6 +386,8 @@ def evaluate(model: str, task_paths: Sequence[str | Path], out: str | Path, *, e
     tasks = load_eval_tasks(task_paths)
     if not tasks:
         raise EvalError(f"no tasks in {', '.join(map(str, task_paths))}")
+    if limit is not None:
+        tasks = tasks[:limit]
     note = repeat_warning(epochs, settings.temperature)
     if note:
         warn(note)
@@ -360,6 +398,7 @@ def evaluate(model: str, task_paths: Sequence[str | Path], out: str | Path, *, e
         options.update(stop=list(settings.stop))
     policy = make_policy(model, **options) if model != "oracle" else make_policy(model)
     backend = get_backend(settings.backend)
+    concurrency = concurrency if concurrency is not None else default_concurrency(policy)
     run = run_eval(policy, tasks, out, backend, settings, epochs=epochs, concurrency=concurrency, model=model,
                    on_result=on_result, quarantine=skip)
     summary = finish_eval(run.out, settings, baselines)

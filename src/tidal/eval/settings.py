@@ -158,6 +158,16 @@ class EvalSettings(_Section):
         return self.prices[max(keys, key=len)] if keys else Price()
 
 
+def with_flag_sampling(settings: EvalSettings, temperature: float | None, max_new_tokens: int | None) -> EvalSettings:
+    """`settings` with `tidal eval --temperature/--max-new-tokens` over the config's values."""
+    if temperature is not None:
+        settings = settings.model_copy(update={"temperature": temperature})
+    if max_new_tokens is not None:
+        budgets = settings.budgets.model_copy(update={"max_new_tokens": max_new_tokens})
+        settings = settings.model_copy(update={"budgets": budgets})
+    return settings
+
+
 def load_eval_settings(path: str | Path | None) -> EvalSettings:
     """The settings in `path` (YAML), or the defaults when None."""
     if path is None:
