@@ -25,7 +25,8 @@ OVERRIDES = [f"trainer.steps={STEPS}", "trainer.checkpoint_every=1", "gate.drop_
              "pipeline.retry_backoff_s=0", "algorithm.entropy_coef=0.01", "algorithm.kl_coef=0.05",
              "guard.nonfinite.actions=[rollback]", "guard.grad_spike.actions=[rollback]",
              "guard.infra_errors.actions=[rollback]", "guard.reward_spike.actions=[rollback,quarantine]",
-             "guard.reward_spike.warmup=2", "guard.reward_spike.min_delta=0.3", "guard.max_rollbacks=8",
+             "guard.reward_spike.warmup=2", "guard.reward_spike.min_delta=0.3", "guard.reward_spike.z=1",
+             "guard.max_rollbacks=8",
              # the hack's two tasks come up at steps 2 and 3 (the mixer's order at tasks.seed)
              "debug.inject.reward_hack.step=1", "debug.inject.reward_hack.domain=math", "debug.inject.reward_hack.tasks=2",
              "debug.inject.loss_nan.step=5", "debug.inject.lr_spike.step=7", "debug.inject.sandbox_failure.step=9",

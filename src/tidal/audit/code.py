@@ -80,3 +80,25 @@ def callable_names(task: Task) -> list[str]:
 def test_sources(task: Task) -> dict[str, str]:
     """The test modules pytest runs, by file name."""
     return {name: task.tests[name] for name in pytest_targets(task.tests)}
+
+
+# Calls that read a file: open(), pathlib's readers, and the loaders of json, csv, numpy, pandas.
+FILE_READERS = frozenset({"open", "read_text", "read_bytes", "load", "loads", "reader", "DictReader", "loadtxt",
+                          "genfromtxt", "read_csv", "read_json", "Path", "listdir", "scandir", "walk", "glob"})
+
+
+def reads_files(code: str, names: set[str]) -> bool:
+    """Whether `code` reads files: it calls a file reader (`FILE_READERS`) or names one of `names`."""
+    try:
+        tree = pyast.parse(code)
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if called in FILE_READERS:
+                return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+            return True
+    return False

@@ -12,7 +12,10 @@ are kept, a few hundred bytes per task):
 - **code**: the reference's AST with identifiers renamed by first use, constants kept;
 - **paraphrase** (paraphrase.py), across splits only: the prompts' content words (numbers,
   punctuation and case normalised, function words dropped, light stemming) have an estimated
-  Jaccard similarity of at least `paraphrase_jaccard`, the same numbers, and the same solution.
+  Jaccard similarity of at least `paraphrase_jaccard`, the same numbers, and the same solution;
+- **short** and **tests** (short_prompts.py), across splits only: two short prompts with a few words
+  changed (word, character 3-gram or content-word containment similarity, same numbers and
+  solution), and two code tasks whose answers define the same functions for the same assertions.
 
 The later task of a pair gets the finding, naming the earlier one; severities by split are in
 docs/design/audit.md, "The checks". `checks.check_duplicates` calls the index (`ctx.duplicates`).
@@ -35,6 +38,7 @@ from tidal import pyast
 from tidal.audit.code import reference_code
 from tidal.audit.paraphrase import ParaphraseIndex, solution_keys
 from tidal.audit.records import Finding
+from tidal.audit.short_prompts import ShortPromptIndex
 from tidal.types import Task
 
 CHECK = "duplicates"
@@ -129,6 +133,7 @@ class DuplicateIndex:
     buckets: dict[tuple[int, bytes], list[int]] = field(default_factory=lambda: defaultdict(list))
     entries: list[tuple[str, str, str, np.ndarray]] = field(default_factory=list)  # id, split, solution, signature
     paraphrases: ParaphraseIndex = field(default_factory=ParaphraseIndex)
+    short: ShortPromptIndex = field(default_factory=ShortPromptIndex)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def check(self, task: Task) -> list[Finding]:
@@ -171,6 +176,11 @@ class DuplicateIndex:
                                           paraphrase.similarity))
             findings[-1].evidence["estimated_similarity"] = round(paraphrase.estimated, 3)
         self.paraphrases.add(paraphrase_bands, paraphrase_entry)
+        keys = solution_keys(task, solution)
+        short = self.short.match(task, prompt, keys) if not findings else None
+        if short is not None:
+            findings.append(self._finding(short.kind, task, short.other_id, short.other_split, short.similarity))
+        self.short.add(task, prompt, keys)
         index = len(self.entries)
         self.entries.append((task.id, task.split, solution, signature))
         for key in bands:
@@ -184,7 +194,9 @@ class DuplicateIndex:
             (kind, across), "warn" if across else "info")
         what = {"exact": "an exact duplicate", "near": f"a near-duplicate (similarity {score:.2f})",
                 "code": "the same problem (same canonical reference code)",
-                "paraphrase": f"a paraphrase (content-word similarity {score:.2f}, same numbers and solution)"}[kind]
+                "paraphrase": f"a paraphrase (content-word similarity {score:.2f}, same numbers and solution)",
+                "short": f"a short prompt restated (similarity {score:.2f}, same numbers and solution)",
+                "tests": "the same problem (same functions to define and the same test assertions)"}[kind]
         where = f"across splits ({task.split} vs {other_split})" if across else f"within the {task.split} split"
         return Finding(CHECK, severity, f"{what} of {other_id}, {where}",  # type: ignore[arg-type]
                        {"kind": kind, "duplicate_of": other_id, "similarity": round(score, 3), "across_splits": across})

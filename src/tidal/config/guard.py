@@ -15,10 +15,12 @@ class _Section(BaseModel):
 
 
 class DetectorConfig(_Section):
-    """One detector: a metric against a robust baseline (the median and MAD of its last `window`
-    unflagged values), firing when the value has moved by more than `min_delta`, more than `z`
-    robust standard deviations (1.4826 * MAD) and, when `ratio` is set, past `ratio` times the
-    median. Fixed bounds where they make sense: `nonfinite` has no baseline."""
+    """One detector: a metric against a baseline of its last `window` unflagged values (their median
+    and MAD; for a domain's reward, their pooled mean and the binomial noise of the tasks behind
+    it), firing when the value has moved by more than `min_delta`, more than `z` standard
+    deviations (robust: 1.4826 * MAD; or binomial) and, when `ratio` is set, past `ratio` times the
+    baseline. A run of `settle` flagged values becomes the new baseline: a sustained shift alerts
+    once. Fixed bounds where they make sense: `nonfinite` has no baseline."""
 
     enabled: bool = Field(True, description="run this detector")
     actions: list[Action] = Field(
@@ -29,10 +31,14 @@ class DetectorConfig(_Section):
     )
     window: int = Field(8, ge=2, le=10_000, description="values in the rolling baseline")
     warmup: int = Field(3, ge=1, le=10_000, description="values the baseline needs before the detector may fire")
-    z: float = Field(6.0, gt=0, le=1000, description="least move, in robust standard deviations (1.4826 * MAD)")
+    z: float = Field(6.0, gt=0, le=1000, description="least move, in standard deviations of the baseline (robust: 1.4826 * MAD; rewards: binomial)")
     min_delta: float = Field(0.0, ge=0, description="least absolute move from the median")
     ratio: float | None = Field(
         None, gt=0, description="rise: fire only above ratio * median; fall: only below ratio * median; null = no ratio"
+    )
+    settle: int = Field(
+        3, ge=1, le=10_000, description="flagged values in a row after which the baseline re-settles on them (a "
+        "sustained shift is a new level: it alerts once, at its first value, not on every later step)"
     )
 
     @model_validator(mode="after")
@@ -52,7 +58,8 @@ def _detector(**defaults: object) -> object:
 
 class GuardConfig(_Section):
     """The stability guard (guard/): detectors over each RL step's metrics row and the held-out
-    evaluations, and what each one's events do. On by default, alerting only."""
+    evaluations, and what each one's events do. On by default: a non-finite loss or gradient and a
+    gradient spike roll back to the last good checkpoint, every other detector alerts."""
 
     enabled: bool = Field(True, description="run the detectors after every RL step")
     webhook_url: str | None = Field(None, description="alert: POST each event as JSON here (null = no webhook)")
@@ -63,14 +70,16 @@ class GuardConfig(_Section):
     )
     max_rollbacks: int = Field(5, ge=1, le=1000, description="rollbacks in one run, at most; the next one pauses instead")
     lr_factor: float = Field(0.5, gt=0, lt=1, description="lower_lr: the learning rate is multiplied by this")
-    nonfinite: DetectorConfig = _detector(warmup=1)  # type: ignore[assignment]
-    reward_collapse: DetectorConfig = _detector(z=4.0, min_delta=0.3, warmup=4)  # type: ignore[assignment]
-    reward_spike: DetectorConfig = _detector(z=6.0, min_delta=0.5, warmup=4)  # type: ignore[assignment]
-    entropy_collapse: DetectorConfig = _detector(z=4.0, ratio=0.5)  # type: ignore[assignment]
-    entropy_explosion: DetectorConfig = _detector(z=4.0, ratio=2.0)  # type: ignore[assignment]
+    # Defaults tuned so that healthy reference runs (tests/unit/guard/fixtures) replay with no
+    # finding, and the injected faults of the README's demo are still caught (docs/design/guard.md).
+    nonfinite: DetectorConfig = _detector(warmup=1, actions=["rollback"])  # type: ignore[assignment]
+    reward_collapse: DetectorConfig = _detector(z=5.0, min_delta=0.3, warmup=4)  # type: ignore[assignment]
+    reward_spike: DetectorConfig = _detector(z=5.0, min_delta=0.5, warmup=4)  # type: ignore[assignment]
+    entropy_collapse: DetectorConfig = _detector(z=6.0, ratio=0.5, window=16, warmup=5)  # type: ignore[assignment]
+    entropy_explosion: DetectorConfig = _detector(z=6.0, ratio=2.0, window=16, warmup=5)  # type: ignore[assignment]
     kl_drift: DetectorConfig = _detector(z=6.0, min_delta=0.1)  # type: ignore[assignment]
     mismatch_kl: DetectorConfig = _detector(z=6.0, min_delta=0.05)  # type: ignore[assignment]
-    grad_spike: DetectorConfig = _detector(z=6.0, ratio=5.0)  # type: ignore[assignment]
+    grad_spike: DetectorConfig = _detector(z=6.0, ratio=5.0, window=16, warmup=5, actions=["rollback"])  # type: ignore[assignment]
     heldout_regression: DetectorConfig = _detector(min_delta=0.1, warmup=1)  # type: ignore[assignment]
     tamper_rate: DetectorConfig = _detector(z=4.0, min_delta=0.1)  # type: ignore[assignment]
     length_blowup: DetectorConfig = _detector(z=6.0, ratio=2.0)  # type: ignore[assignment]

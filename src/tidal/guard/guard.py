@@ -10,6 +10,7 @@ import json
 import logging
 import threading
 import urllib.request
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -86,7 +87,10 @@ class Guard:
         self.webhook = Webhook(cfg.webhook_url, cfg.webhook_timeout_s) if cfg.webhook_url else None
 
     def observe(self, step: int, row: dict[str, Any], tasks: list[TaskStat]) -> Verdict:
-        """The verdict on the metrics row of step `step` (updates done) and its batch's tasks."""
+        """The verdict on the metrics row of step `step` (updates done) and its batch's tasks
+        (which count a domain's tasks, `tasks/<domain>`, when the row does not)."""
+        counts = Counter(t.domain for t in tasks)
+        row = {**{f"tasks/{domain}": n for domain, n in counts.items()}, **row}
         findings = [f for detector in self.detectors for f in detector.observe(step, row)]
         return self._verdict(step, findings, tasks)
 

@@ -249,12 +249,26 @@ def step_metrics(groups: list[Group], drops: dict[str, int]) -> dict[str, Any]:
             by_domain[episode.domain].append(episode.score.value)
     all_rewards = [r for rs in by_domain.values() for r in rs]
     metrics: dict[str, Any] = {f"reward/{d}": sum(rs) / len(rs) for d, rs in sorted(by_domain.items())}
+    # The tasks behind each domain's reward: the guard judges a domain's reward against their binomial noise.
+    scored_tasks: dict[str, int] = defaultdict(int)
+    for group in groups:
+        scored = [e for e in group.episodes if e.score is not None and e.score.outcome is not Outcome.INFRA_ERROR]
+        if scored:
+            scored_tasks[scored[0].domain] += 1
+    metrics.update({f"tasks/{d}": n for d, n in sorted(scored_tasks.items())})
     metrics["reward/mean"] = sum(all_rewards) / max(len(all_rewards), 1)
     total = max(len(episodes), 1)
     metrics["pass_rate"] = sum(e.score is not None and e.score.outcome is Outcome.PASSED for e in episodes) / total
     metrics["kept_fraction"] = sum(e.keep for e in episodes) / total
     metrics["completion_tokens"] = sum(len(e.completion.token_ids) for e in episodes)
     metrics["mean_completion_length"] = metrics["completion_tokens"] / total
+    # The guard's entropy signal: the sampler's entropy per generated token, estimated by the mean
+    # -log p of every sampled token of every sample (trained or not, tool tokens left out), which
+    # neither the gate's choice of groups nor the trained length moves as the trainer's `entropy` does.
+    generated = [-lp for e in episodes for lp, m in zip(e.completion.logprobs, e.completion.loss_mask or
+                                                       [1] * len(e.completion.logprobs)) if m]
+    if generated:
+        metrics["sampled_entropy"] = sum(generated) / len(generated)
     for reason, count in drops.items():
         metrics[f"drop/{reason}"] = count
     # The shares the guard watches (tamper and sandbox infra-error rates), of every sample made.

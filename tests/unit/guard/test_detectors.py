@@ -53,7 +53,8 @@ def test_each_detector_fires_on_its_own_signal_with_a_reason_and_the_blamed_step
     assert fired["reward_spike"].domain == "math" and fired["reward_spike"].blamed_step == 6  # a data signal
     assert fired["grad_spike"].blamed_step == 5 and fired["grad_spike"].baseline == 1.0  # the weights before
     assert "grad_norm rose to 40" in fired["grad_spike"].reason
-    assert verdict.actions == {"alert"} and verdict.rollback_before is None
+    # the defaults: nonfinite and grad_spike roll back (to before the update that row 6 blames), the rest alert
+    assert verdict.actions == {"alert", "rollback"} and verdict.rollback_before == 5
 
 
 def test_reward_collapse_per_domain_and_entropy_explosion() -> None:
@@ -69,7 +70,9 @@ def test_a_flagged_value_stays_out_of_the_baseline_and_a_rollback_forgets_the_st
     guard = Guard(GuardConfig(grad_spike=DetectorConfig(ratio=5.0, warmup=3)))
     _rows(guard, [{"grad_norm": 1.0}] * 4)
     assert guard.observe(5, {"grad_norm": 50.0}, []).findings
-    assert guard.observe(6, {"grad_norm": 50.0}, []).findings  # still against the calm baseline
+    assert not guard.observe(6, {"grad_norm": 50.0}, []).findings  # the same excursion: reported once
+    assert not guard.observe(7, {"grad_norm": 1.0}, []).findings
+    assert guard.observe(8, {"grad_norm": 50.0}, []).findings  # still against the calm baseline
     guard.forget_after(2)
     assert not guard.observe(3, {"grad_norm": 50.0}, []).findings  # two values left: back in warm-up
 
@@ -92,7 +95,8 @@ def test_quarantine_picks_the_tasks_behind_a_spike_and_rollbacks_turn_into_a_pau
     tasks = [TaskStat("math/1", "math", 1.0, 0), TaskStat("math/2", "math", 0.0, 0), TaskStat("code/1", "code", 1.0, 0)]
     verdict = guard.observe(4, {"reward/math": 0.5}, tasks)
     assert verdict.quarantine == ["math/1"] and verdict.rollback_before == 4 and guard.quarantined == ["math/1"]
-    again = guard.observe(5, {"reward/math": 0.5}, tasks)
+    assert not guard.observe(5, {"reward/math": 0.0}, tasks).findings
+    again = guard.observe(6, {"reward/math": 0.5}, tasks)
     assert "pause" in again.actions and again.rollback_before is None  # guard.max_rollbacks=1 was used up
 
 

@@ -1,0 +1,83 @@
+"""The baselines' semantics that keep the guard quiet on healthy runs: a domain's reward judged
+against the binomial noise of the tasks behind it, entropy per generated token, and a sustained
+level shift alerting once before the baseline re-settles on it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tidal.config.guard import DetectorConfig, GuardConfig
+from tidal.guard import Guard
+from tidal.guard.detectors import Observation, binomial_baseline, moved_binomial
+
+
+def _findings(guard: Guard, rows: list[dict]) -> list:
+    return [f for step, row in enumerate(rows, start=1) for f in guard.observe(step, row, []).findings]
+
+
+def test_a_sustained_shift_alerts_once_and_the_baseline_resettles_on_the_new_level() -> None:
+    rng = random.Random(0)
+    before = [{"grad_norm": 1.0 + rng.uniform(-0.05, 0.05)} for _ in range(20)]
+    after = [{"grad_norm": 8.0 + rng.uniform(-0.4, 0.4)} for _ in range(40)]
+    guard = Guard(GuardConfig())
+    findings = _findings(guard, before + after)
+    assert [(f.detector, f.step) for f in findings] == [("grad_spike", 21)]
+    # Settled on the new level: a spike from it fires again, once.
+    late = guard.observe(61, {"grad_norm": 80.0}, []).findings
+    assert [f.detector for f in late] == ["grad_spike"] and late[0].baseline == pytest.approx(8.0, abs=0.5)
+
+
+def test_a_one_off_outlier_stays_out_of_the_baseline_and_a_second_one_fires_again() -> None:
+    guard = Guard(GuardConfig())
+    rows = [{"grad_norm": 1.0}] * 10 + [{"grad_norm": 50.0}] + [{"grad_norm": 1.0}] * 5 + [{"grad_norm": 50.0}]
+    assert [f.step for f in _findings(guard, rows)] == [11, 17]
+
+
+def test_a_domain_reward_is_judged_against_the_binomial_noise_of_its_tasks() -> None:
+    cfg = DetectorConfig(z=5.0, min_delta=0.3, warmup=4)
+    calm = [Observation(s, 0.1, 5) for s in range(8)]  # 5 tasks a step at a pass rate of 0.1
+    # 5 tasks: a jump to 0.6 is 3 of them passing by chance, not 5 sigma of a mean over 5 tasks
+    assert moved_binomial(Observation(9, 0.6, 5), calm, cfg, "rise") is None
+    # the same jump over 40 tasks is no chance
+    assert moved_binomial(Observation(9, 0.6, 40), calm, cfg, "rise") == pytest.approx(0.1)
+    mean, sigma = binomial_baseline(calm, 5)
+    assert mean == pytest.approx(0.1) and 0.13 < sigma < 0.15
+    # a flat 0 still has noise (half a success of prior), so one lucky task does not fire
+    zeros = [Observation(s, 0.0, 2) for s in range(4)]
+    assert moved_binomial(Observation(5, 0.5, 2), zeros, cfg, "rise") is None
+
+
+def test_without_task_counts_a_reward_falls_back_to_the_median_and_mad() -> None:
+    cfg = DetectorConfig(z=4.0, min_delta=0.3, warmup=4)
+    calm = [Observation(s, 0.8, None) for s in range(6)]
+    assert moved_binomial(Observation(7, 0.1, None), calm, cfg, "fall") == pytest.approx(0.8)
+
+
+def test_the_guard_counts_a_domains_tasks_from_the_batch_when_the_row_does_not() -> None:
+    from tidal.guard import TaskStat
+
+    guard = Guard(GuardConfig())
+    tasks = [TaskStat(f"math/{i}", "math", 0.1, 0) for i in range(40)]
+    for step in range(1, 9):
+        assert not guard.observe(step, {"reward/math": 0.1}, tasks).findings
+    [finding] = guard.observe(9, {"reward/math": 0.9}, tasks).findings
+    assert finding.detector == "reward_spike" and "(40 tasks this step)" in finding.reason
+
+
+def test_entropy_reads_the_per_generated_token_estimate_when_the_row_has_it() -> None:
+    guard = Guard(GuardConfig())
+    # the trainer's entropy over trained tokens swings with which groups train; the sampled one is steady
+    rows = [{"entropy": 2.0 if step % 2 else 0.4, "sampled_entropy": 1.5} for step in range(1, 30)]
+    assert not _findings(guard, rows)
+    [finding] = guard.observe(30, {"entropy": 2.0, "sampled_entropy": 0.3}, []).findings
+    assert finding.detector == "entropy_collapse" and finding.key == "sampled_entropy"
+
+
+def test_defaults_roll_back_a_nonfinite_loss_and_a_gradient_spike_and_alert_on_the_rest() -> None:
+    cfg = GuardConfig()
+    actions = {name: d.actions for name, d in cfg.detectors().items()}
+    assert actions.pop("nonfinite") == ["rollback"] and actions.pop("grad_spike") == ["rollback"]
+    assert all(a == ["alert"] for a in actions.values()), actions
+    assert cfg.rolls_back()
