@@ -153,13 +153,14 @@ def _resolve_sources(config: TidalConfig, folder: Path) -> None:
     """A relative task source that names no file from the working directory but one beside the
     config file is the config's own data (e.g. a shipped config's eval set): make it absolute, so
     the run (and its saved config) finds it from anywhere."""
+    def resolved(source: str) -> str:
+        if not Path(source).is_absolute() and not Path(source).exists() and (folder / source).exists():
+            return str((folder / source).resolve())
+        return source
+
     for domain in config.tasks.domains.values():
-        domain.sources = [
-            str((folder / source).resolve())
-            if not Path(source).is_absolute() and not Path(source).exists() and (folder / source).exists()
-            else source
-            for source in domain.sources
-        ]
+        domain.sources = [resolved(source) if isinstance(source, str)
+                          else source.model_copy(update={"path": resolved(source.path)}) for source in domain.sources]
 
 
 def save_config(config: TidalConfig, path: str | Path) -> None:

@@ -95,6 +95,11 @@ class RolloutConfig(Section):
     speculative: SpeculativeConfig | None = Field(
         None, description="speculative decoding in the embedded engine's batch (config/engine.py); None: plain decoding"
     )
+    forward: Literal["auto", "llama", "generic"] = Field(
+        "auto", description="the embedded engine's forward: generic runs any decoder-only causal LM through its own "
+        "transformers modules over paged KV; llama, the hand-written Llama-family forward (Qwen2, Llama; faster on a "
+        "CPU); auto: llama where it computes the model exactly, else generic (`tidal model info` says which)"
+    )
     cuda_graphs: Literal["auto", "off"] = Field(
         "auto", description="auto: the embedded engine replays its decode-only steps from CUDA graphs where CUDA is "
         "available (rollout/cuda_graphs.py); off: never"
@@ -128,10 +133,31 @@ class DomainVerifier(Section):
         return self
 
 
+# The formats of tidal.tasks.importers.FORMATS (a test keeps the two lists equal).
+TaskSourceFormat = Literal["hf", "code-tests", "qa", "mcq", "inspect"]
+
+
+class TaskSource(Section):
+    """A dataset in another layout, converted into tasks when the run starts, as `tidal tasks
+    import` converts it (tidal/tasks/importers.py)."""
+
+    path: str = Field(min_length=1, description="a dataset file (.jsonl .json .csv .parquet .arrow) or a folder saved "
+                      "by datasets.save_to_disk")
+    format: TaskSourceFormat = Field(description="hf (tidal's own fields), code-tests, qa, mcq or inspect")
+    map: dict[str, str] = Field(default_factory=dict, description="task field -> a column, a {template} or [a,b] "
+                                "(as tidal tasks import --map)")
+    split: str | None = Field(None, description="the split of a saved dataset; tasks of a split other than train are "
+                              "eval tasks")
+    domain: str | None = Field(None, description="the tasks' own domain (default: the format's)")
+    id: str | None = Field(None, description="task id template, e.g. 'gsm8k-{index}'")
+    limit: int | None = Field(None, ge=1, description="the first N rows only")
+
+
 class DomainConfig(Section):
     weight: float = Field(1.0, ge=0, description="share of each step's tasks (normalised over domains)")
     family: str | None = Field(None, description="built-in task family generating this domain's tasks")
-    sources: list[str] = Field(default_factory=list, description="task files (.jsonl/.yaml) for this domain")
+    sources: list[str | TaskSource] = Field(default_factory=list, description=(
+        "task files (.jsonl/.yaml) and folders, or datasets in another layout: {path, format, map, split, id, limit}"))
     n_train: int = Field(400, ge=0, le=10_000_000, description="tasks generated for the train split")
     n_eval: int = Field(60, ge=0, le=10_000_000, description="tasks generated for the eval split")
     min_difficulty: int = Field(1, ge=1, le=5, description="lowest generated difficulty level")

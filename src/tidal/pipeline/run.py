@@ -53,7 +53,8 @@ from tidal.reward.scorer import Scorer
 from tidal.rollout.protocol import RolloutEngine
 from tidal.storage.run import RunFolder
 from tidal.storage.trajectories import TrajectoryWriter
-from tidal.tasks import generate_tasks, load_tasks, write_tasks
+from tidal.tasks import generate_tasks, write_tasks
+from tidal.tasks.importers import load_sources
 from tidal.tasks.mixer import TaskMixer
 from tidal.telemetry.progress import ProgressDisplay, rl_status
 from tidal.telemetry.sinks import open_sinks
@@ -79,7 +80,8 @@ def build_tasks(cfg: TidalConfig) -> tuple[dict[str, list[Task]], list[Task]]:
             tasks += generate_tasks(domain.family, domain.n_train, "train", *args) if domain.n_train else []
             tasks += generate_tasks(domain.family, domain.n_eval, "eval", *args) if domain.n_eval else []
         if domain.sources:
-            tasks += load_tasks(domain.sources, known_verifiers=verifiers)
+            tasks += load_sources([s if isinstance(s, str) else s.model_dump() for s in domain.sources],
+                                  known_verifiers=verifiers)
         tasks = [with_domain_prompt(task, name, domain.system_prompt, domain.examples) for task in tasks]
         train[name] = [t for t in tasks if t.split == "train" and t.id not in quarantined]
         evaluation += [t for t in tasks if t.split == "eval"]
@@ -410,9 +412,9 @@ def run_training(target: Path, overrides: list[str]) -> Path:
     if target.is_dir():
         run = RunFolder.open(target)
         cfg = load_config(run.config_path, overrides)
-        check_plan(cfg, build_tasks(cfg))
+        cfg = check_plan(cfg, build_tasks(cfg))
         save_config(cfg, run.config_path)
         return Job(cfg, run).execute()
     cfg = load_config(target, overrides)
-    check_plan(cfg, build_tasks(cfg))  # before the run folder, the model or any rank exists
+    cfg = check_plan(cfg, build_tasks(cfg))  # before the run folder, the model or any rank exists
     return Job(cfg, start_run(cfg, Path(cfg.run.dir), cfg.run.name)).execute()
