@@ -10,9 +10,9 @@ the trainer sees the model's tokens byte for byte; a template that rewrites earl
 be used this way, and `LocalPolicy` says so when it starts.
 
 Turns reach the engine through a `Batcher` (tidal.rollout.batcher), so concurrent episodes' turns
-share engine calls. A greedy turn carries no seed and batches freely; a sampled turn with a seed
-runs alone, because the engine draws a whole call from one random stream and sharing it would tie
-an episode's tokens to its neighbours. docs/design/agent.md, "Policies", has the details.
+share engine steps, whatever their seeds: a seeded row samples from its own generator, so a
+sampled turn with a seed gets the tokens it would get alone. A greedy turn carries no seed (it
+draws nothing). docs/design/agent.md, "Policies", has the details.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class LocalConversation:
         policy = self.policy
         seed = None if self.seed is None else self.seed * 1_000_003 + self.turns
         if policy.temperature == 0:
-            seed = None  # greedy draws nothing: no seed lets the turn share an engine call
+            seed = None  # greedy draws nothing: a seed would mean nothing
         return SamplingParams(temperature=policy.temperature, top_p=policy.top_p,
                               max_new_tokens=max(1, max_new_tokens), stop=list(policy.stop), seed=seed)
 
@@ -177,8 +177,8 @@ class LocalPolicy:
         self.engine, self.tokenizer, self.name = engine, tokenizer, name
         self.cancel = cancel  # with `is_set()`: once set, each turn raises `PreemptedError` before it generates
         self.temperature, self.top_p, self.stop, self.seed = temperature, top_p, list(stop or []), seed
-        self.max_batch = max_batch  # turns per engine call; 1: every turn alone
-        self.gather_s = gather_s  # how long a turn waits for others to share its call
+        self.max_batch = max_batch  # rows in the engine's running batch; 1: one turn at a time
+        self.gather_s = gather_s  # how long an idle engine waits for more turns before its first step
         self.renderer = ObservationRenderer(tokenizer)
         for role in ("tool", "user"):  # fails now, not mid-eval, for a template that is not append-only
             self.renderer.text([{"role": role, "content": "probe"}], True)

@@ -69,8 +69,8 @@ class LoraConfig(_Section):
 
     enabled: bool = Field(
         False, description="RL trains a LoRA adapter instead of the full weights (the warm start, when on, still "
-        "trains them all); checkpoints hold the adapter, the exported policy is the merged model. One process: not "
-        "with trainer.parallel ranks, nor with a value model (gae)",
+        "trains them all); checkpoints hold the adapter, the exported policy is the merged model. Runs on trainer.parallel "
+        "ranks too (ddp, fsdp2: every rank holds the same adapter); not with a value model (gae)",
     )
     r: int = Field(16, ge=1, le=4096, description="adapter rank")
     alpha: float = Field(32.0, gt=0, description="scale numerator: the update is (alpha / r) * B @ A")
