@@ -63,22 +63,29 @@ def run_audit(corpus: Path, reference_runs: int, jobs: int) -> dict[str, dict[st
 
 def built_in(config: object, jobs: int) -> dict[str, object]:
     """The built-in agent tasks (5 per split, levels 1-5, every check): how many are quarantined;
-    and the built-in knowledge tasks (150 per split, duplicates): how many are flagged as a
-    paraphrase of a task of the other split."""
+    and every built-in family (150 tasks per split, the duplicates check): how many are flagged as
+    a near-duplicate across splits, by kind (paraphrase, short, tests, ...)."""
 
     from tidal.audit import audit_tasks
-    from tidal.tasks import generate_tasks, write_tasks
+    from tidal.tasks import generate_tasks, known_families, write_tasks
 
+    families: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory() as folder:
         agent = Path(folder) / "agent.jsonl"
         write_tasks([t for split in ("train", "eval") for t in generate_tasks("agent", 5, split, 0, 1, 5)], agent)
         agent_audits = audit_tasks([agent], config, jobs=jobs, progress=False).audits  # type: ignore[arg-type]
-        knowledge = Path(folder) / "knowledge.jsonl"
-        write_tasks([t for split in ("train", "eval") for t in generate_tasks("knowledge", 150, split, 0, 1, 5)], knowledge)
-        known = audit_tasks([knowledge], config, checks=["duplicates"], progress=False).audits  # type: ignore[arg-type]
+        for name in known_families():
+            path = Path(folder) / f"{name}.jsonl"
+            write_tasks([t for split in ("train", "eval") for t in generate_tasks(name, 150, split, 0, 1, 5)], path)
+            audits = audit_tasks([path], config, checks=["duplicates"], progress=False).audits  # type: ignore[arg-type]
+            kinds: dict[str, int] = {"tasks": len(audits)}
+            for audit in audits:
+                for finding in audit.findings:
+                    if finding.evidence.get("across_splits") and finding.severity != "info":
+                        kinds[finding.evidence["kind"]] = kinds.get(finding.evidence["kind"], 0) + 1
+            families[name] = kinds
     return {"agent_tasks": len(agent_audits), "agent_quarantined": sum(a.verdict == "quarantine" for a in agent_audits),
-            "knowledge_tasks": len(known),
-            "knowledge_paraphrases": sum(any(f.evidence.get("kind") == "paraphrase" for f in a.findings) for a in known)}
+            "families": families}
 
 
 def measure_in(src: Path, args: argparse.Namespace) -> dict[str, dict[str, object]]:
@@ -132,21 +139,37 @@ def section(args: argparse.Namespace, labels: dict, runs: dict[str, dict]) -> st
         lines.append(f"| {task_id} | {label['expect']}: {label['kind']} | " + " | ".join(cells) + " |")
     built = [runs[n][BUILT_IN] for n in names]
     cells_b = [f"{b['agent_quarantined']}/{b['agent_tasks']} quarantined" for b in built]
-    cells_k = [f"{b['knowledge_paraphrases']}/{b['knowledge_tasks']} paraphrases" for b in built]
     lines.append("| built-in agent tasks (5 per split, levels 1-5) | ok: `tidal eval --model oracle` passes them | "
                  + " | ".join(cells_b) + " |")
-    lines.append("| built-in knowledge tasks (150 per split), duplicates only | the same fact asked in both splits | "
-                 + " | ".join(cells_k) + " |")
+    for family in sorted({f for b in built for f in b.get("families", {})}):
+        cells_f = []
+        for b in built:
+            kinds = b.get("families", {}).get(family)
+            if kinds is None:
+                cells_f.append("not measured")
+                continue
+            flagged = {k: v for k, v in kinds.items() if k != "tasks"}
+            cells_f.append(f"{sum(flagged.values())}/{kinds['tasks']} across splits"
+                           + (f" ({', '.join(f'{k} {v}' for k, v in sorted(flagged.items()))})" if flagged else ""))
+        lines.append(f"| built-in {family} tasks (150 per split), duplicates only | generated train and eval splits | "
+                     + " | ".join(cells_f) + " |")
     scores = [score(labels, runs[name]) for name in names]
     lines.append("| **recall, false positives** | broken tasks flagged, sound tasks flagged | " + " | ".join(
         f"**{s['caught']}/{s['broken']} broken, {s['false_positives']}/{s['good']} sound**" for s in scores) + " |")
-    lines += ["", ("The kinds added for the blind spots: a workspace file holding the expected values (a JSON "
-              "fixture, an agent task's grader notes), eval tasks that paraphrase a train task, and terminal-task "
-              "folders whose reference (solution/solve.sh) runs as an oracle episode. The corpus was written "
-              "together with these checks, so it shows that the blind spots are covered, not the recall on breakage "
-              "nobody anticipated. The knowledge paraphrases are real: the family asks one fact under different "
-              "templates in train and eval (`Which city is the capital of Poland?` / `Poland has which city as its "
-              "capital?`). Wall time of each run (corpus, built-in agent and knowledge tasks): "
+    lines += ["", ("The kinds added for the blind spots: a workspace file holding the expected values as literals (a "
+              "JSON fixture, an agent task's grader notes; the leakage check), tests that read their expected values "
+              "from a starting file (JSON, CSV, a Python module; the exploit probe `answers from the workspace files`, "
+              "with two sound tasks whose tests read inputs or whose job is a lookup), eval tasks that paraphrase a "
+              "train task, short prompts restated with a few words changed and code tasks with the same functions and "
+              "assertions (the duplicates check's `short` and `tests` keys, beside sound near-misses: the same short "
+              "answer to another question, other numbers, other tests), and terminal-task folders whose reference "
+              "(solution/solve.sh) runs as an oracle episode. The corpus was written together with these checks, so "
+              "it shows that the blind spots are covered, not the recall on breakage nobody anticipated. The "
+              "knowledge family's cross-split findings are real: it asks one fact under different templates in train "
+              "and eval (`Which city is the capital of Poland?` / `Poland has which city as its capital?`; `Which "
+              "element symbol stands for sodium?` / `Give the symbol of the element sodium.`), which its generator "
+              "(tasks/) should stop doing; the other families have no cross-split finding. Wall time of each run "
+              "(corpus, built-in agent tasks, every family's duplicates): "
               + ", ".join(f"{n} {b['seconds']} s" for n, b in zip(names, built))
               + "; the code tasks' sandbox runs (reference, nulls, probes, mutants) take most of it, the text checks "
               "milliseconds.")]
