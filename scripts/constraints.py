@@ -20,12 +20,12 @@ the Pythons it does, by an environment marker; older Pythons resolve within pypr
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as metadata
 import re
 import sys
-import tomllib
+from importlib import metadata
 from pathlib import Path
 
+import tomllib
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
@@ -49,6 +49,7 @@ def _wanted(requirement: Requirement, extras: set[str]) -> bool:
 def own_requirements(extras: tuple[str, ...]) -> list[Requirement]:
     """tidal's requirements with `extras`, from pyproject.toml (the installed metadata of an
     editable install can be older than the file)."""
+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     texts = list(project["dependencies"])
     for extra in extras:
@@ -104,13 +105,14 @@ def _python_marker(dist: metadata.Distribution) -> str:
 def render() -> str:
     lines = [
         "# The versions CI ran with: scripts/setup.sh installs through this file (pip install -c).",
-        f"# Made by `python scripts/constraints.py` from an environment of Python "
-        f"{sys.version_info.major}.{sys.version_info.minor}; pyproject.toml keeps the ranges.",
+        (f"# Made by `python scripts/constraints.py` from an environment of Python "
+         f"{sys.version_info.major}.{sys.version_info.minor}; pyproject.toml keeps the ranges."),
         f"# {PACKAGE}[{','.join(EXTRAS)}] and what it needs, transitively; {PACKAGE} itself is this folder.",
     ]
     for name, dist in sorted(closure(EXTRAS).items()):
         marker = _python_marker(dist)
-        Marker(marker) if marker else None  # a marker pip could not read fails here, not at install
+        if marker:
+            Marker(marker)  # a marker pip could not read fails here, not at install
         lines.append(f"{name}=={_public(dist.version)}" + (f"; {marker}" if marker else ""))
     return "\n".join(lines) + "\n"
 
@@ -122,7 +124,7 @@ def main() -> int:
     text = render()
     if args.check:
         current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.is_file() else ""
-        strip = lambda t: [line for line in t.splitlines() if not re.match(r"#", line)]  # noqa: E731
+        strip = lambda t: [line for line in t.splitlines() if not re.match(r"#", line)]
         if strip(current) != strip(text):
             print(f"{OUTPUT} is out of date with this environment; run python scripts/constraints.py", file=sys.stderr)
             return 1
