@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
 from tidal.errors import TidalError
+
+
+def _fail(error: Exception) -> NoReturn:  # as cli.py's (importing it would be a cycle)
+    typer.secho(f"error: {error}", fg="red", err=True)
+    raise typer.Exit(2)
 
 
 def tasks_import_command(
@@ -28,8 +33,6 @@ def tasks_import_command(
     """Convert datasets (Hugging Face, code benchmarks, QA, multiple choice, inspect_ai samples)
     into a tidal task file. Each task keeps its source file and row in metadata.source; a bad row
     fails the import with its file and row, and nothing is written."""
-    from tidal.cli import _fail
-
     try:
         from tidal.reward.registry import known_verifiers
         from tidal.tasks.importers import import_tasks, parse_map
