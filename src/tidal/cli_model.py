@@ -62,6 +62,29 @@ def info_command(
     typer.echo(json.dumps(info, indent=2) if as_json else format_info(info))
 
 
+@model_app.command("init")
+def init_command(
+    arch: str = typer.Option(..., "--arch", help="a transformers model_type: llama, qwen3, gemma3_text, phi3, gpt2, ..."),
+    out: Path = typer.Option(..., "--out", help="the folder to write"),
+    tokenizer: Optional[Path] = typer.Option(None, help="a tokenizer folder (default: the built-in byte-level one)"),
+    hidden: int = typer.Option(64, help="hidden size"),
+    layers: int = typer.Option(2, help="decoder layers"),
+    heads: int = typer.Option(4, help="attention heads"),
+    kv_heads: int = typer.Option(2, help="key/value heads"),
+    intermediate: int = typer.Option(128, help="MLP size"),
+    seed: int = typer.Option(0, help="initialisation seed"),
+) -> None:
+    """Write a randomly initialised checkpoint of any decoder architecture (for trying a path)."""
+    try:
+        from tidal.models.random_init import random_checkpoint
+
+        folder = random_checkpoint(arch, out, None if tokenizer is None else str(tokenizer), seed=seed, hidden=hidden,
+                                   layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate)
+    except TidalError as error:
+        _fail(error)
+    typer.echo(str(folder))
+
+
 @model_app.command("fetch")
 def fetch_command(
     name: str = typer.Argument(..., help="registry model name, e.g. smollm2"),
@@ -98,6 +121,7 @@ def format_info(info: dict[str, Any]) -> str:
         ("attention heads", f"{info['num_attention_heads']} (kv: {info['num_key_value_heads']})"),
         ("tied embeddings", "yes" if info["tied_embeddings"] else "no"),
         ("chat template", "yes" if info["chat_template"] else "no"),
+        ("rollout forward", info.get("engine_forward") or "unknown"),
         *((f"{role} token", f"{value['token']!r} (id {value['id']})" if value else "none") for role, value in special.items()),
         ("weights", f"{', '.join(info['weight_files'])} ({info['weight_bytes'] / 2**20:.1f} MiB)"),
     ]

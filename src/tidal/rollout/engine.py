@@ -168,7 +168,7 @@ class EmbeddedEngine:
         return cls(model, tokenizer, device, max_batch_rows, kv_block_size=rollout.kv_block_size,
                    kv_blocks=rollout.kv_blocks, prefill_chunk=rollout.prefill_chunk, prefix_cache=rollout.prefix_cache,
                    dtype=rollout.engine_dtype, speculative=_speculation(rollout),
-                   cuda_graphs=getattr(rollout, "cuda_graphs", "auto"))
+                   cuda_graphs=getattr(rollout, "cuda_graphs", "auto"), forward=getattr(rollout, "forward", "auto"))
 
     @property
     def weight_version(self) -> int:
