@@ -115,17 +115,18 @@ def _call(function: Verifier, task: Task, answer: str, ctx: ScoringContext) -> S
     raises is an infra_error too; a built-in's (a bug in tidal) and any `TidalError` propagate."""
     try:
         result = function(task, answer, ctx)
-    except Exception as error:
-        if isinstance(error, TidalError) or _is_builtin(function):
-            raise
-        return user_verifier_error(function, task, f"raised {type(error).__name__} at "
-                                   f"{where(error, _source_file(function))}: {error}")
+    except Exception as error:  # noqa: BLE001 - a plugin's error becomes its score (`_raised`)
+        return _raised(function, task, error)
     return checked_score(result, function, task)
 
 
 def _call_batch(batch: BatchVerifier, task: Task, answers: list[str], ctx: ScoringContext) -> list[Score]:
     """The batch form's scores, one per answer, each checked like `_call`'s."""
-    results = batch(task, answers, ctx)
+    try:
+        results = batch(task, answers, ctx)
+    except Exception as error:  # noqa: BLE001 - as in `_call`
+        problem = _raised(batch, task, error)
+        return [dataclasses.replace(problem) for _ in answers]
     if not isinstance(results, (list, tuple)) or len(results) != len(answers):
         got = f"{len(results)} results" if isinstance(results, (list, tuple)) else f"a {type(results).__name__}"
         problem = user_verifier_error(batch, task, f"returned {got} for {len(answers)} answers")
@@ -164,6 +165,14 @@ def user_verifier_error(function: Callable[..., object], task: Task, detail: str
     return Score(0.0, Outcome.INFRA_ERROR, {},
                  f"task {task.id}: verifier {task.verifier.name} (function {name} at {location}) {detail}",
                  {USER_ERROR: True, TASK_PROBLEM: True, "location": location})
+
+
+def _raised(function: Callable[..., object], task: Task, error: Exception) -> Score:
+    """A plugin's exception as its infra_error score; a built-in's and a `TidalError` re-raised."""
+    if isinstance(error, TidalError) or _is_builtin(function):
+        raise error
+    return user_verifier_error(function, task, f"raised {type(error).__name__} at "
+                               f"{where(error, _source_file(function))}: {error}")
 
 
 def _shown(result: object) -> str:
