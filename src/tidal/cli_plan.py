@@ -30,7 +30,7 @@ def plan_command(
     gflops: float | None = typer.Option(None, min=0.001, help="matmul GFLOP/s for the step time (default: measured)"),
 ) -> None:
     """Predict a run's peak memory per rank (weights, gradients, optimizer state, activations, the
-    log-prob head, reference model, KV cache, async copies, runtime), whether it fits in the memory
+    log-prob head, reference model, every engine's KV pool, async copies, runtime), whether it fits in the memory
     available here, and its step time. Reads the model's config, never its weights; downloads nothing."""
     try:
         from tidal.config import load_config
@@ -76,6 +76,8 @@ def format_plan(record: dict[str, Any]) -> list[str]:
         lines.append(f"{check['what']}: {_size(check['predicted_bytes'])} of {_size(check['available_bytes'])} "
                      f"available: {verdict}")
     lines.append(f"available memory: {record['capacity_source']}")
+    lines.append(f"KV pool of every engine: {record['kv_blocks']} blocks of {record['kv_block_size']} positions "
+                 f"(rollout.kv_blocks; one sequence needs {record['sequence_blocks']}); the run builds each engine with it")
     lines.append(f"activations with gradient checkpointing flipped: "
                  f"{_size(record['activations_with_checkpointing_flipped_bytes'])}")
     if record.get("throughput"):

@@ -5,8 +5,9 @@ The planner itself (trainer/plan.py) is arithmetic over the model's shapes; this
 its inputs: the model on the meta device (models/meta.py: config.json and the tokenizer, no
 weights), the longest prompt among the config's tasks rendered through the chat template, the
 memory available and a brief matmul probe. `check_plan` raises `PlanError` with the numbers when
-the prediction does not fit, before any run folder, model or rank exists; `trainer.plan_check:
-false` skips it.
+the prediction does not fit, before any run folder, model or rank exists (`trainer.plan_check:
+false` skips that refusal), and returns the config with the plan's KV pool in rollout.kv_blocks,
+which every engine of the run is then built with.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tidal.errors import PlanError
 from tidal.models.io import render_prompt, resolve_device
 from tidal.models.meta import meta_model
 from tidal.rollout.engine import ACCELERATOR_BATCH_ROWS, CPU_BATCH_ROWS
+from tidal.rollout.scheduler import KVPoolTooSmall
 from tidal.tasks.reference import reference_answer
 from tidal.trainer.memory import available_memory
 from tidal.trainer.plan import (
@@ -171,13 +173,21 @@ def refusal(plan: RunPlan) -> str:
     return "\n".join(lines)
 
 
-def check_plan(cfg: TidalConfig, tasks: tuple[dict[str, list[Task]], list[Task]]) -> RunPlan | None:
-    """Refuse (`PlanError`) a config whose predicted peak memory does not fit here; None when
-    `trainer.plan_check` is off. `tasks` as for `plan_config`. Fetches a registry model that is not
-    cached yet (the run would next)."""
-    if not cfg.trainer.plan_check:
-        return None
+def check_plan(cfg: TidalConfig, tasks: tuple[dict[str, list[Task]], list[Task]]) -> TidalConfig:
+    """`cfg` with rollout.kv_blocks set to its plan's KV pool, which every engine of the run is
+    built with (one budget: no engine sizes its pool from the memory free when it starts). Refuses
+    (`PlanError`) a config whose predicted peak memory does not fit here, unless
+    `trainer.plan_check` is off, and (`KVPoolTooSmall`) a rollout.kv_blocks too small for one of its
+    sequences. `tasks` as for `plan_config`. Fetches a registry model that is not cached yet (the
+    run would next)."""
     plan = plan_config(cfg, tasks, fetch=True, throughput=False)
-    if not plan.fits:
+    if plan.kv_blocks < plan.sequence_blocks:
+        raise KVPoolTooSmall(
+            f"rollout.kv_blocks={plan.kv_blocks}: a sequence of this run (the longest prompt + rollout.max_new_tokens, "
+            f"{plan.sequence_tokens} tokens) needs {plan.sequence_blocks} blocks of {plan.kv_block_size} positions; "
+            f"raise rollout.kv_blocks to at least {plan.sequence_blocks}, or leave it unset for the plan's choice")
+    if cfg.trainer.plan_check and not plan.fits:
         raise PlanError(refusal(plan), plan.record())
-    return plan
+    sized = cfg.model_copy(deep=True)
+    sized.rollout.kv_blocks = plan.kv_blocks
+    return sized

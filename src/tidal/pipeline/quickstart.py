@@ -61,7 +61,7 @@ def run_quickstart(config: Path | None, overrides: list[str], out: Path, name: s
     cfg = load_config(config or quickstart_config(model, smoke), overrides)
     if cfg.model.path.startswith(REGISTRY_PREFIX):
         print(f"model {cfg.model.path}: {model_folder(cfg.model.path)}", flush=True)
-    check_plan(cfg, build_tasks(cfg))  # a run that cannot fit is refused before its folder exists
+    cfg = check_plan(cfg, build_tasks(cfg))  # a run that cannot fit is refused before its folder exists
     job = Job(cfg, start_run(cfg, out, name))
     report = job.execute()
     for line in summary_lines(job.run.summary_path):

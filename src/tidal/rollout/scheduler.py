@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tidal.errors import TidalError
 from tidal.rollout.blocks import BlockPool
 from tidal.rollout.paged import Chunk, DecodeView, StepInput
 from tidal.rollout.sampling import SamplingParams, derived_seed, hits_stop, sample_rows
@@ -40,8 +41,9 @@ from tidal.rollout.speculative_batch import BatchSpeculation, verify_rows
 from tidal.types import FinishReason
 
 
-class KVPoolTooSmall(RuntimeError):
-    """A single sequence needs more KV blocks than the whole pool holds."""
+class KVPoolTooSmall(TidalError, RuntimeError):
+    """A single sequence needs more KV blocks than the whole pool holds (raised at a run's start by
+    its plan, pipeline/planning.py, and by an engine that meets such a sequence)."""
 
 
 @dataclass
@@ -330,8 +332,15 @@ class Scheduler:
             longest = max(lengths)
             key_slots = torch.tensor([_slots(s.blocks, size, longest) for s in self.decoding], device=device)
         elif self.view is not None:
+            running = (*self.decoding, *finishing)
+            # Bounds of the view's growth: the rows all submitted work can run at once, and the
+            # longest a running sequence can get (prompt + max_new_tokens + the token fed after).
+            queued = sum(1 + len(s.forks) for s in self.waiting)
+            longest = max([len(s.handle.request.prompt) + s.handle.request.params.max_new_tokens + 1 for s in running],
+                          default=1)
             self.view.reserve(len(self.decoding) + sum(1 + len(s.forks) for s in finishing),
-                              max([len(s.tokens) + 1 + len(s.drafts) for s in (*self.decoding, *finishing)], default=1))
+                              max([len(s.tokens) + 1 + len(s.drafts) for s in running], default=1),
+                              max_rows=min(self.max_rows, self.rows() + queued), max_capacity=longest)
         step = StepInput(
             tokens=torch.tensor(tokens, device=device), positions=torch.tensor(positions, device=device),
             slots=torch.tensor(slots, device=device), decode_rows=decode, decode_lengths=lengths,

@@ -30,14 +30,21 @@ r * (in + out) per targeted linear layer), W ranks and a micro-batch of m rows o
 - a reference model (kl_coef > 0), 4 P per rank; none under LoRA, whose reference is the base
   model with the adapter off. A value model (gae): 4 P weights and 12 P of state. `merge.weight`
   < 1 keeps a copy of the starting weights, 4 P;
-- the KV cache of one engine batch: rows * (prompt + max_new_tokens) * 2 * layers * kv_heads *
-  head_dim * 4 (the engine runs the fp32 model), rows = group_size * the prompts generated
-  together (tasks_per_step * oversample, at most rollout.batch_prompts), or evaluation's
-  batch_prompts * samples_per_task, whichever is more, at most the engine's max_batch_rows; plus
-  SAMPLING_COPIES (rows, vocab) fp32 tensors of a decode step;
-- async: each rollout worker's copy of the model (4 P) and its own batch's KV cache, and the
-  published weights' CPU snapshot (4 P); the ray backend's workers are processes of their own
-  (RUNTIME_BYTES each) and Ray's object store holds one more copy.
+- each rollout engine of the run (the loop's, which evaluates and, in sync mode, samples; and in
+  async mode each rollout worker's): its KV pool, `kv_blocks` blocks of `kv_block_size` positions
+  of 2 * layers * kv_heads * head_dim * 4 bytes (the engine runs the fp32 model), allocated when
+  the engine starts and kept; its decode view (rollout/paged.py: a contiguous copy of the decoding
+  rows' keys and values, kept once grown), rows * (the longest sequence + 1) positions; and
+  SAMPLING_COPIES (rows, vocab) fp32 tensors of a decode step. rows = the larger of an RL engine
+  batch (group_size * the prompts generated together, tasks_per_step * oversample, at most
+  rollout.batch_prompts) and an evaluation batch (batch_prompts * samples_per_task), at most the
+  engine's max_batch_rows. `kv_blocks` is rollout.kv_blocks, or the plan's: rows * the blocks
+  of one longest sequence (the pool that batch never preempts in), fewer where the machine's
+  memory cannot hold that, never fewer than one sequence's; the run builds every engine with it
+  (pipeline/planning.py), so no engine sizes itself from the memory free when it starts;
+- async: each rollout worker's copy of the model (4 P) and its engine, and the published weights'
+  CPU snapshot (4 P); the ray backend's workers are processes of their own (RUNTIME_BYTES each)
+  and Ray's object store holds one more copy.
 - the warm start (one process, before any rank starts): gradients and AdamW state of the whole
   model and warm_start.batch_size rows of the longest prompt + reference.
 
@@ -250,6 +257,9 @@ class RunPlan:
     activations_flipped: int  # the activations with trainer.gradient_checkpointing the other way
     throughput: Throughput | None  # None when no matmul rate was given (the fit check needs none)
     assumptions: tuple[str, ...]
+    kv_blocks: int  # every engine's KV pool: the run builds each engine with this many blocks
+    kv_block_size: int
+    sequence_blocks: int  # blocks of one longest sequence: the least a pool may hold
 
     def _pooled(self, host: bool) -> list[Part]:
         if self.device == "cpu":
@@ -293,6 +303,7 @@ class RunPlan:
             "checks": [{"what": w, "predicted_bytes": p, "available_bytes": a, "fits": p <= a} for w, p, a in self.checks],
             "capacity_source": self.capacity.source, "fits": self.fits,
             "throughput": self.throughput.record() if self.throughput else None, "assumptions": list(self.assumptions),
+            "kv_blocks": self.kv_blocks, "kv_block_size": self.kv_block_size, "sequence_blocks": self.sequence_blocks,
         }
 
 
@@ -360,33 +371,69 @@ def _model_copy_parts(cfg: TidalConfig, shape: ModelShape, adapter: int) -> list
     return parts
 
 
-def _generation_parts(cfg: TidalConfig, shape: ModelShape, workload: Workload) -> list[Part]:
-    """The rollout engine's KV cache and decode logits, and async mode's rollout workers."""
-    dims, pipeline = shape.dims, cfg.pipeline
-    kv_token = 2 * dims.layers * shape.kv_heads * shape.head_dim * 4
+def sequence_blocks(workload: Workload, block_size: int) -> int:
+    """KV blocks of one longest sequence: a pool with fewer cannot run it (`KVPoolTooSmall`)."""
+    return -(-workload.sequence_tokens // block_size)
 
-    def engine(rows: int) -> tuple[int, int]:  # (KV cache, decode logits) of a batch of `rows` rows
-        return rows * workload.sequence_tokens * kv_token, rows * dims.vocab * 4 * SAMPLING_COPIES
 
-    # The loop's own engine samples (sync) and evaluates; async workers sample with their own.
-    rows = max(workload.eval_rows, workload.generation_rows if pipeline.mode != "async" else 0)
-    kv, sampling = engine(rows)
-    parts = [Part("KV cache (rollout engine)", kv, 0, GENERATION, note=f"{rows} rows x {workload.sequence_tokens} tokens"),
-             Part("decode logits", sampling, 0, GENERATION, note=f"{SAMPLING_COPIES} x (rows, vocab) fp32")]
+def engine_rows(cfg: TidalConfig, workload: Workload) -> tuple[int, int]:
+    """(the loop engine's, each async rollout worker's) rows at once: the loop's evaluates, and
+    samples RL batches too in sync mode; a worker samples RL batches."""
+    sync = cfg.pipeline.mode != "async"
+    return max(workload.eval_rows, workload.generation_rows if sync else 0, 1), workload.generation_rows
+
+
+def wanted_kv_blocks(cfg: TidalConfig, workload: Workload) -> int:
+    """rollout.kv_blocks, or the blocks the largest engine batch never preempts in (module docstring)."""
+    if cfg.rollout.kv_blocks is not None:
+        return cfg.rollout.kv_blocks
+    return max(engine_rows(cfg, workload)) * sequence_blocks(workload, cfg.rollout.kv_block_size)
+
+
+def _kv_token_bytes(cfg: TidalConfig, shape: ModelShape) -> int:
+    """Keys and values of one position in every layer, in the engine's compute dtype."""
+    itemsize = 2 if cfg.rollout.engine_dtype == "bfloat16" else WEIGHT_BYTES  # "auto" may stay fp32
+    return 2 * shape.dims.layers * shape.kv_heads * shape.head_dim * itemsize
+
+
+def _generation_parts(cfg: TidalConfig, shape: ModelShape, workload: Workload, kv_blocks: int) -> list[Part]:
+    """Every rollout engine's KV pool, decode view and decode logits, and async mode's rollout
+    workers (module docstring)."""
+    pipeline = cfg.pipeline
+    kv_token = _kv_token_bytes(cfg, shape)
+    pool = kv_blocks * cfg.rollout.kv_block_size * kv_token
+    view_tokens = workload.sequence_tokens + 1  # the view holds one position past the longest sequence
+
+    def logits(rows: int) -> int:
+        return rows * shape.dims.vocab * 4 * SAMPLING_COPIES
+
+    loop_rows, worker_rows = engine_rows(cfg, workload)
+    pool_note = f"{kv_blocks} blocks of {cfg.rollout.kv_block_size} positions (rollout.kv_blocks)"
+    # The engine is built after the warm start and keeps its pool and its grown view.
+    parts = [Part("KV pool (loop engine)", pool, 0, RL, note=pool_note),
+             Part("decode view (loop engine)", loop_rows * view_tokens * kv_token, 0, RL,
+                  note=f"{loop_rows} rows x {view_tokens} positions"),
+             Part("decode logits", logits(loop_rows), 0, GENERATION, note=f"{SAMPLING_COPIES} x (rows, vocab) fp32")]
     if pipeline.mode != "async":
         return parts
-    kv, sampling = engine(workload.generation_rows)
     workers, full = pipeline.rollout_workers, WEIGHT_BYTES * shape.parameters
+    engine = pool + worker_rows * view_tokens * kv_token + logits(worker_rows)
     if pipeline.backend == "local":
         parts += [Part("rollout workers' model copies", workers * full, 0, RL, note=f"{workers} async worker(s)"),
-                  Part("rollout workers' KV caches", workers * (kv + sampling), 0, RL,
-                       note=f"{workload.generation_rows} rows each, while the trainer updates")]
+                  Part("rollout workers' engines", workers * engine, 0, RL,
+                       note=f"each: the KV pool, a view of {worker_rows} rows and their logits, while the trainer updates")]
     else:
-        each = RUNTIME_BYTES + full + kv + sampling
+        each = RUNTIME_BYTES + full + engine
         parts.append(Part("ray rollout workers", 0, 0, RL, host=True, outside=workers * each + full,
                           note=f"{workers} actor process(es) and the object store's copy"))
     parts.append(Part("published weights (CPU snapshot)", full, 0, RL, host=True))
     return parts
+
+
+def engines(cfg: TidalConfig) -> int:
+    """Rollout engines the run builds, each with its own KV pool: the loop's and, in async mode,
+    one per rollout worker."""
+    return 1 + (cfg.pipeline.rollout_workers if cfg.pipeline.mode == "async" else 0)
 
 
 def _warm_start_parts(cfg: TidalConfig, shape: ModelShape, workload: Workload, device: torch.device) -> list[Part]:
@@ -436,8 +483,21 @@ def _throughput(cfg: TidalConfig, shape: ModelShape, workload: Workload, adapter
 
 def plan_run(cfg: TidalConfig, shape: ModelShape, workload: Workload, device: torch.device,
              capacity: Capacity, rate: MatmulRate | None = None) -> RunPlan:
-    """The run's parts per rank, its micro-batch, and, given a matmul `rate`, its throughput
-    (module docstring)."""
+    """The run's parts per rank, its micro-batch, its engines' KV pool and, given a matmul `rate`,
+    its throughput (module docstring). Without rollout.kv_blocks, the pools shrink (down to one
+    sequence's blocks) where the machine cannot hold the largest batch's."""
+    wanted = wanted_kv_blocks(cfg, workload)
+    plan = _plan(cfg, shape, workload, device, capacity, rate, wanted)
+    if plan.fits or cfg.rollout.kv_blocks is not None:
+        return plan
+    excess = max(predicted - available for _, predicted, available in plan.checks)
+    per_block = engines(cfg) * cfg.rollout.kv_block_size * _kv_token_bytes(cfg, shape)
+    fewer = max(sequence_blocks(workload, cfg.rollout.kv_block_size), wanted - -(-excess // per_block))
+    return _plan(cfg, shape, workload, device, capacity, rate, min(fewer, wanted)) if fewer < wanted else plan
+
+
+def _plan(cfg: TidalConfig, shape: ModelShape, workload: Workload, device: torch.device, capacity: Capacity,
+          rate: MatmulRate | None, kv_blocks: int) -> RunPlan:
     trainer = cfg.trainer
     adapter = adapter_parameters(shape, trainer)
     precision = choose_precision_for(trainer.precision, device, shape.parameters, shape.widest_linear)
@@ -451,7 +511,7 @@ def plan_run(cfg: TidalConfig, shape: ModelShape, workload: Workload, device: to
         parts.append(Part("CUDA context", CUDA_CONTEXT_BYTES, CUDA_CONTEXT_BYTES, ALL, note="assumed, not measured"))
     state = _state_parts(cfg, shape, adapter)
     copies = _model_copy_parts(cfg, shape, adapter)
-    generation = _generation_parts(cfg, shape, workload)
+    generation = _generation_parts(cfg, shape, workload, kv_blocks)
     # What the trainer's `micro_batch_size: auto` sees free: all but what it allocates itself.
     persistent = [p for p in [*parts, *state[:1], *copies, *generation] if "update" in p.phases and "generation" in p.phases]
     world = trainer.parallel.world_size
@@ -474,13 +534,18 @@ def plan_run(cfg: TidalConfig, shape: ModelShape, workload: Workload, device: to
     ]
     parts += [*state, *transients, *copies, *generation, *_warm_start_parts(cfg, shape, workload, device)]
     assumptions = _assumptions(cfg, workload, precision.reason, rows, per_rank)
+    wanted = wanted_kv_blocks(cfg, workload)
+    if kv_blocks < wanted:
+        assumptions.append(f"KV pools of {kv_blocks} blocks, not the {wanted} the largest batch needs, to fit this "
+                           "machine: the engines preempt and recompute sequences beyond them")
     return RunPlan(
         parts=tuple(parts), parameters=shape.parameters, trainable=adapter or shape.parameters, world_size=world,
         device=device.type, capacity=capacity, micro_batch_size=rows, sequence_tokens=length,
         precision="bf16" if precision.dtype is not None else "fp32",
         activations_flipped=_update_transients(shape, flipped, rows, length, completion)[0],
         throughput=_throughput(cfg, shape, workload, adapter, rate, device) if rate else None,
-        assumptions=tuple(assumptions),
+        assumptions=tuple(assumptions), kv_blocks=kv_blocks, kv_block_size=cfg.rollout.kv_block_size,
+        sequence_blocks=sequence_blocks(workload, cfg.rollout.kv_block_size),
     )
 
 

@@ -28,7 +28,7 @@ def _no_model(*args: object, **kwargs: object) -> None:
 def test_plan_prints_the_table_and_its_json_agrees() -> None:
     result = runner.invoke(app, ["plan", SMOKE, "trainer.micro_batch_size=8", "--gflops", "50"])
     assert result.exit_code == 0, result.output
-    for text in ("weights (fp32)", "optimizer state (AdamW, fp32)", "activations", "KV cache (rollout engine)",
+    for text in ("weights (fp32)", "optimizer state (AdamW, fp32)", "activations", "KV pool (loop engine)", "KV pool of every engine",
                  "peak of rank 0", "fits: yes", "assumptions:", "at 50.0 GFLOP/s (given)"):
         assert text in result.output, text
     result = runner.invoke(app, ["plan", SMOKE, "trainer.micro_batch_size=8", "--json", "--gflops", "50"])
@@ -78,3 +78,20 @@ def test_a_small_machine_refuses_the_smoke_run_and_plan_check_false_skips(tmp_pa
     monkeypatch.setattr(run.Job, "execute", lambda job: started.append(job.run.name) or job.run.path)
     run.run_training(Path(SMOKE), ["trainer.plan_check=false", f"run.dir={tmp_path / 'runs'}", "run.name=skipped"])
     assert started == ["skipped"]
+
+
+def test_the_run_builds_its_engines_with_the_plans_pool_and_refuses_one_too_small(tmp_path: Path) -> None:
+    from tidal.config import load_config
+    from tidal.pipeline.run import build_tasks
+    from tidal.rollout.scheduler import KVPoolTooSmall
+
+    cfg = load_config(SMOKE, [f"run.dir={tmp_path}"])
+    sized = planning.check_plan(cfg, build_tasks(cfg))
+    plan = planning.plan_config(cfg, build_tasks(cfg), throughput=False)
+    assert cfg.rollout.kv_blocks is None and sized.rollout.kv_blocks == plan.kv_blocks >= plan.sequence_blocks
+    small = load_config(SMOKE, [f"run.dir={tmp_path}", "rollout.kv_blocks=1"])
+    with pytest.raises(KVPoolTooSmall, match="rollout.kv_blocks=1.*needs"):
+        planning.check_plan(small, build_tasks(small))
+    result = runner.invoke(app, ["train", SMOKE, "rollout.kv_blocks=1", f"run.dir={tmp_path / 'runs'}"])
+    assert result.exit_code == 2 and "raise rollout.kv_blocks" in result.output
+    assert not (tmp_path / "runs").exists()

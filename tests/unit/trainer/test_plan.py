@@ -64,11 +64,14 @@ def test_the_parts_add_up_by_phase_and_the_peak_is_the_largest_phase() -> None:
     assert part(plan, "optimizer state (AdamW, fp32)")[0] == ADAM_BYTES * parameters == 8 * parameters
     assert part(plan, "reference model (fp32)")[0] == WEIGHT_BYTES * parameters
     assert part(plan, "runtime (torch + process)")[0] == RUNTIME_BYTES
-    # Generation and the update alternate in a sync run: the KV cache is not in the update's sum.
-    kv = part(plan, "KV cache (rollout engine)")[0]
+    # The engine keeps its pool and its grown decode view through the update; its logits are freed.
     dims = shape_of(meta_model(load_config(SMOKE, MODEL).model).model)
-    assert kv == 32 * 56 * 2 * dims.dims.layers * dims.kv_heads * dims.head_dim * 4
-    assert plan.phase_bytes("update") + kv > peak
+    kv_token = 2 * dims.dims.layers * dims.kv_heads * dims.head_dim * 4
+    assert plan.kv_blocks == 32 * 4 == 32 * plan.sequence_blocks  # 32 rows of 56 tokens, 4 blocks of 16 each
+    assert part(plan, "KV pool (loop engine)")[0] == plan.kv_blocks * 16 * kv_token
+    assert part(plan, "decode view (loop engine)")[0] == 32 * 57 * kv_token
+    logits = next(p for p in plan.parts if p.name == "decode logits")
+    assert "update" not in logits.phases and plan.phase_bytes("update") + logits.rank0 > peak
 
 
 def test_fsdp2_shards_over_the_ranks_and_ddp_does_not() -> None:
@@ -131,21 +134,42 @@ def test_async_workers_add_their_copies_and_generate_during_the_update() -> None
     weights = part(sync, "weights (fp32)")[0]
     assert part(two, "rollout workers' model copies")[0] == 2 * weights
     assert part(two, "published weights (CPU snapshot)")[0] == weights
-    workers_kv = next(p for p in two.parts if p.name == "rollout workers' KV caches")
-    assert "update" in workers_kv.phases and workers_kv.rank0 > 0
+    workers_kv = next(p for p in two.parts if p.name == "rollout workers' engines")
+    assert "update" in workers_kv.phases and workers_kv.rank0 > 2 * part(two, "KV pool (loop engine)")[0]
+    # Async: the loop engine only evaluates (16 rows), the workers sample (32 rows); one pool size for all.
+    assert part(two, "decode view (loop engine)")[0] < part(sync, "decode view (loop engine)")[0]
+    assert two.kv_blocks == sync.kv_blocks == 32 * two.sequence_blocks
     assert two.phase_bytes("update") > sync.phase_bytes("update") + 3 * weights
 
 
 def test_fit_follows_the_capacity_and_auto_sizes_the_micro_batch_to_it() -> None:
-    plan = plan_of("trainer.micro_batch_size=16")
+    fixed = "rollout.kv_blocks=128"  # a given pool: it does not shrink to fit (the test above)
+    plan = plan_of("trainer.micro_batch_size=16", fixed)
     needed = plan.machine_peak(True)
-    assert plan_of("trainer.micro_batch_size=16", capacity=Capacity(needed, needed, "test")).fits
-    short = plan_of("trainer.micro_batch_size=16", capacity=Capacity(needed - 1, needed - 1, "test"))
+    assert plan_of("trainer.micro_batch_size=16", fixed, capacity=Capacity(needed, needed, "test")).fits
+    short = plan_of("trainer.micro_batch_size=16", fixed, capacity=Capacity(needed - 1, needed - 1, "test"))
     assert not short.fits and short.checks[0][1] == needed
     tight = Capacity(needed // 2 + RUNTIME_BYTES, needed // 2 + RUNTIME_BYTES, "test")
     auto = plan_of("trainer.micro_batch_size=auto", "tasks.tasks_per_step=8", capacity=tight)
     assert 1 <= auto.micro_batch_size < 64
     assert part(auto, "activations")[0] < memory.SAFETY * tight.device
+
+
+def test_the_kv_pool_is_the_configs_or_shrinks_to_fit_down_to_one_sequence() -> None:
+    assert plan_of("rollout.kv_blocks=50").kv_blocks == 50
+    roomy = plan_of("trainer.micro_batch_size=16")
+    pool = part(roomy, "KV pool (loop engine)")[0]
+    needed = roomy.machine_peak(True)
+    # Half the pool's bytes short: the pool gives them up and the run fits.
+    short = Capacity(needed - pool // 2, needed - pool // 2, "test")
+    shrunk = plan_of("trainer.micro_batch_size=16", capacity=short)
+    assert roomy.sequence_blocks <= shrunk.kv_blocks < roomy.kv_blocks and shrunk.fits
+    assert any("preempt" in line for line in shrunk.assumptions)
+    # Far too little memory: never below one sequence's blocks, and the plan says it does not fit.
+    tiny = plan_of("trainer.micro_batch_size=16", capacity=Capacity(RUNTIME_BYTES, RUNTIME_BYTES, "test"))
+    assert tiny.kv_blocks == tiny.sequence_blocks and not tiny.fits
+    # A given rollout.kv_blocks is the user's: kept even where it does not fit.
+    assert plan_of("rollout.kv_blocks=500", capacity=short).kv_blocks == 500
 
 
 def test_step_time_counts_the_update_and_sampling_flops() -> None:
