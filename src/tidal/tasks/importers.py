@@ -18,9 +18,9 @@ renamed by a field map, then converted by a format:
   `mcq`, otherwise as `qa` with the first target and the others as aliases.
 
 A map entry is `field=column` (a dotted path reaches into nested fields), `field={template}` (a
-`str.format` template over the row: `{question}\\n\\n{context}`, `{test_list[0]}`), or
-`field=[a,b,c]` (a list of columns). Each task keeps its provenance in `metadata.source`
-({path, row, format, split}). Every row that misses a field or cannot be converted is reported
+`str.format` template over the row: `{question}\\n\\n{context}`, `{test_list[0]}`),
+`field=[a,b,c]` (a list of columns), or `field="text"` (that text, for every row). Each task
+keeps its provenance in `metadata.source` ({path, row, format, split}). Every row that misses a field or cannot be converted is reported
 with its file and row, all at once, as a `TaskFormatError`; no task is returned when any failed,
 so `tidal tasks import` writes whole files only.
 """
@@ -93,6 +93,8 @@ def _column(data: Mapping[str, Any], name: str) -> Any:
 
 
 def _resolve(spec: str, data: Mapping[str, Any]) -> Any:
+    if len(spec) >= 2 and spec[0] == spec[-1] == '"':
+        return spec[1:-1]
     if spec.startswith("[") and spec.endswith("]"):
         return [_resolve(part.strip(), data) for part in spec[1:-1].split(",") if part.strip()]
     if "{" in spec:

@@ -128,8 +128,9 @@ def test_hf_saved_dataset_parquet_and_csv(tmp_path: Path) -> None:
         writer = csv.DictWriter(handle, ["q", "verifier"])
         writer.writeheader()
         writer.writerow({"q": "Say hi", "verifier": json.dumps({"name": "exact_match", "answer": "hi"})})
-    (csv_task,) = import_tasks(tmp_path / "own.csv", "hf", mapping={"prompt": "Say it: {q}"})
+    (csv_task,) = import_tasks(tmp_path / "own.csv", "hf", mapping=parse_map(["prompt=Say it: {q}", 'domain="chat"']))
     assert csv_task.prompt == "Say it: Say hi" and csv_task.verifier.args == {"answer": "hi"}
+    assert csv_task.domain == "chat"
 
 
 def test_bad_rows_name_file_and_row_and_nothing_is_written(tmp_path: Path) -> None:
