@@ -17,7 +17,7 @@ from tidal.agent.policy import OraclePolicy
 from tidal.config.schema import ModelConfig, TinyModelConfig
 from tidal.eval.harness import default_concurrency, run_eval
 from tidal.eval.metrics import summarize
-from tidal.eval.settings import Budgets, EvalSettings, with_flag_sampling
+from tidal.eval.settings import EvalSettings, with_flag_sampling
 from tidal.eval.stats import pass_at_k
 from tidal.eval.stream import streams
 from tidal.models import load_model
