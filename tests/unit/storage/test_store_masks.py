@@ -9,7 +9,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from rich.console import Console
+
 from tidal.storage import schema
+from tidal.storage.cli_support import show_trajectory
 from tidal.storage.query import run_query
 from tidal.storage.store import TrajectoryStore
 from tidal.types import Completion, Episode, Outcome, Score
@@ -45,6 +48,12 @@ def test_masks_round_trip_and_single_turn_rows_are_written_out(tmp_path: Path, m
     table = run_query(TrajectoryStore.open(str(tmp_path / "store")),
                       "SELECT id, list_sum(loss_mask) AS trained, list_sum(tool_mask) AS tool FROM trajectories ORDER BY id")
     assert table.to_pylist() == [{"id": agent.id, "trained": 5, "tool": 4}, {"id": plain.id, "trained": 3, "tool": 0}]
+    # `tidal trajectories show`: the split, and a logprob summary of the generated tokens only.
+    console = Console(record=True, width=200)
+    show_trajectory(TrajectoryStore.open(str(tmp_path / "store")), agent.id, console)
+    text = console.export_text()
+    assert "9 tokens (5 generated and trained on, 4 from tools)" in text
+    assert "logprobs: sum -1.875  mean -0.375" in text
 
 
 def test_a_mask_of_the_wrong_length_is_refused_naming_the_episode(tmp_path: Path) -> None:
