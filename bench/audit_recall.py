@@ -168,7 +168,8 @@ def section(args: argparse.Namespace, labels: dict, runs: dict[str, dict]) -> st
               "knowledge family's cross-split findings are real: it asks one fact under different templates in train "
               "and eval (`Which city is the capital of Poland?` / `Poland has which city as its capital?`; `Which "
               "element symbol stands for sodium?` / `Give the symbol of the element sodium.`), which its generator "
-              "(tasks/) should stop doing; the other families have no cross-split finding. Wall time of each run "
+              "(tasks/) should stop doing; so are the agent family's (one task generated into both splits, "
+              "an exact duplicate at 150 per split); the other families have none. Wall time of each run "
               "(corpus, built-in agent tasks, every family's duplicates): "
               + ", ".join(f"{n} {b['seconds']} s" for n, b in zip(names, built))
               + "; the code tasks' sandbox runs (reference, nulls, probes, mutants) take most of it, the text checks "
