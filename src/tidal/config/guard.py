@@ -73,8 +73,8 @@ class GuardConfig(_Section):
     # Defaults tuned so that healthy reference runs (tests/unit/guard/fixtures) replay with no
     # finding, and the injected faults of the README's demo are still caught (docs/design/guard.md).
     nonfinite: DetectorConfig = _detector(warmup=1, actions=["rollback"])  # type: ignore[assignment]
-    reward_collapse: DetectorConfig = _detector(z=5.0, min_delta=0.3, warmup=4)  # type: ignore[assignment]
-    reward_spike: DetectorConfig = _detector(z=5.0, min_delta=0.5, warmup=4)  # type: ignore[assignment]
+    reward_collapse: DetectorConfig = _detector(z=4.5, min_delta=0.3, warmup=4)  # type: ignore[assignment]
+    reward_spike: DetectorConfig = _detector(z=4.5, min_delta=0.5, warmup=4)  # type: ignore[assignment]
     entropy_collapse: DetectorConfig = _detector(z=6.0, ratio=0.5, window=16, warmup=5)  # type: ignore[assignment]
     entropy_explosion: DetectorConfig = _detector(z=6.0, ratio=2.0, window=16, warmup=5)  # type: ignore[assignment]
     kl_drift: DetectorConfig = _detector(z=6.0, min_delta=0.1)  # type: ignore[assignment]

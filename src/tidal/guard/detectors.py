@@ -11,10 +11,10 @@ deviation chase, and a flat baseline (MAD 0) leaves `min_delta` and `ratio` to d
 A domain's reward is a mean over the few tasks the step drew from it (`tasks/<domain>` in the row),
 so its noise is known: for rewards in [0, 1] a mean over n tasks varies by at most
 sqrt(p (1 - p) / n) around the pass rate p, whatever the tasks' own rates (the bound of a
-binomial over tasks). The reward detectors pool their window into p (weighted by tasks, with half
-a success of prior so that a flat 0 still has noise) and fire past `z` of those standard
-deviations, the window's own uncertainty included; without task counts they fall back to the
-median and MAD.
+binomial over tasks). The reward detectors compare the value with their window's pooled mean as
+two proportions (p pooled over both, weighted by tasks, with half a success of prior so that a
+flat 0 still has noise) and fire past `z` of that test's standard deviations; without task
+counts they fall back to the median and MAD.
 
 A regime change alerts once: the first flagged value of a run of flagged values makes the
 finding, the next ones of the same run are part of that excursion, and after `settle` of them in a
@@ -92,12 +92,15 @@ def moved(value: float, history: list[float], cfg: DetectorConfig, direction: Di
     return median if _past_bounds(value, median, sigma, cfg, direction) else None
 
 
-def binomial_baseline(window: list[Observation], tasks: float) -> tuple[float, float]:
-    """(pooled mean, standard deviation of a mean over `tasks` tasks around it) of rewards in
-    [0, 1]: sqrt(p (1 - p) (1 / tasks + 1 / tasks in the window)), p with half a success of prior."""
+def binomial_baseline(window: list[Observation], now: Observation) -> tuple[float, float]:
+    """(the window's pooled mean, the standard deviation of the difference between a mean over
+    `now.tasks` tasks and it) for rewards in [0, 1]: the two-proportion test's
+    sqrt(p (1 - p) (1 / tasks now + 1 / tasks in the window)), p pooled over the window and `now`
+    with half a success of prior, so that a flat 0 keeps some noise and a high value widens it."""
     total = sum(o.tasks or 0.0 for o in window)
     successes = sum(o.value * (o.tasks or 0.0) for o in window)
-    p = (successes + PRIOR_SUCCESSES) / (total + 2 * PRIOR_SUCCESSES)
+    tasks = float(now.tasks or 0.0)
+    p = (successes + now.value * tasks + PRIOR_SUCCESSES) / (total + tasks + 2 * PRIOR_SUCCESSES)
     return successes / total, math.sqrt(p * (1 - p) * (1 / tasks + 1 / total))
 
 
@@ -111,7 +114,7 @@ def moved_binomial(now: Observation, history: list[Observation], cfg: DetectorCo
     counted = now.tasks and all(o.tasks for o in window)
     if not counted or not all(0.0 <= o.value <= 1.0 for o in [*window, now]):
         return moved(now.value, [o.value for o in history], cfg, direction)
-    mean, sigma = binomial_baseline(window, float(now.tasks or 0))
+    mean, sigma = binomial_baseline(window, now)
     return mean if _past_bounds(now.value, mean, sigma, cfg, direction) else None
 
 

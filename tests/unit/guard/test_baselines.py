@@ -40,9 +40,9 @@ def test_a_domain_reward_is_judged_against_the_binomial_noise_of_its_tasks() -> 
     calm = [Observation(s, 0.1, 5) for s in range(8)]  # 5 tasks a step at a pass rate of 0.1
     # 5 tasks: a jump to 0.6 is 3 of them passing by chance, not 5 sigma of a mean over 5 tasks
     assert moved_binomial(Observation(9, 0.6, 5), calm, cfg, "rise") is None
-    # the same jump over 40 tasks is no chance
-    assert moved_binomial(Observation(9, 0.6, 40), calm, cfg, "rise") == pytest.approx(0.1)
-    mean, sigma = binomial_baseline(calm, 5)
+    # a jump to 0.8 over 40 tasks is no chance
+    assert moved_binomial(Observation(9, 0.8, 40), calm, cfg, "rise") == pytest.approx(0.1)
+    mean, sigma = binomial_baseline(calm, Observation(9, 0.1, 5))
     assert mean == pytest.approx(0.1) and 0.13 < sigma < 0.15
     # a flat 0 still has noise (half a success of prior), so one lucky task does not fire
     zeros = [Observation(s, 0.0, 2) for s in range(4)]
@@ -81,3 +81,39 @@ def test_defaults_roll_back_a_nonfinite_loss_and_a_gradient_spike_and_alert_on_t
     assert actions.pop("nonfinite") == ["rollback"] and actions.pop("grad_spike") == ["rollback"]
     assert all(a == ["alert"] for a in actions.values()), actions
     assert cfg.rolls_back()
+
+
+def _simulated_run(seed: int, concentration: float, steps: int = 150, group: int = 8) -> list[dict]:
+    """The per-domain reward rows of a healthy run as the issue measured the tiny quickstart's:
+    a domain's reward is the mean over the few tasks a step draws from it (5, 10 or 34), each task
+    with a pass rate of its own (Beta with the domain's mean: near 0 or 1 at a low concentration)
+    and `group` samples; the means drift up as the policy learns."""
+    rng = random.Random(seed)
+    domains = {"math": (5, 0.03, 0.5), "code": (10, 0.76, 0.6), "reasoning": (34, 0.1, 0.4), "few": (3, 0.2, 0.2)}
+    rows = []
+    for step in range(1, steps + 1):
+        row: dict = {}
+        for domain, (tasks, start, end) in domains.items():
+            mean = start + (end - start) * step / steps
+            rewards = []
+            for _ in range(tasks):
+                rate = rng.betavariate(mean * concentration, (1 - mean) * concentration)
+                rewards.append(sum(rng.random() < rate for _ in range(group)) / group)
+            row[f"reward/{domain}"], row[f"tasks/{domain}"] = sum(rewards) / tasks, tasks
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("concentration", [0.3, 1.0, 4.0])
+def test_healthy_domain_rewards_over_few_tasks_raise_no_alarm(concentration: float) -> None:
+    for seed in range(8):
+        findings = _findings(Guard(GuardConfig()), _simulated_run(seed, concentration))
+        assert not findings, [f.reason for f in findings]
+
+
+def test_a_hack_or_a_collapse_of_a_few_tasks_domain_is_still_caught() -> None:
+    guard = Guard(GuardConfig())
+    _findings(guard, [{"reward/math": 0.1, "tasks/math": 5, "reward/code": 0.8, "tasks/code": 10}] * 11)
+    verdict = guard.observe(12, {"reward/math": 1.0, "tasks/math": 5, "reward/code": 0.0, "tasks/code": 10}, [])
+    assert {(f.detector, f.key) for f in verdict.findings} == {("reward_spike", "reward/math"),
+                                                              ("reward_collapse", "reward/code")}
