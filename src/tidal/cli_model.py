@@ -54,9 +54,13 @@ def info_command(
 ) -> None:
     """Describe a model folder: architecture, parameters, context length, dtype, special tokens."""
     try:
+        from transformers import AutoConfig
+
         from tidal.models.gguf import model_info
+        from tidal.rollout.modules import describe_forward
 
         info = model_info(folder)
+        info["engine_forward"] = describe_forward(AutoConfig.from_pretrained(info["folder"], local_files_only=True))
     except TidalError as error:
         _fail(error)
     typer.echo(json.dumps(info, indent=2) if as_json else format_info(info))

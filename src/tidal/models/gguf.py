@@ -331,26 +331,8 @@ def model_info(folder: str | os.PathLike[str]) -> dict[str, Any]:
         "weight_files": weights["files"],
         "weight_bytes": weights["bytes"],
         **_tokenizer_summary(path),
-        "engine_forward": engine_forward(config),
         "import": read_import_record(path),
     }
-
-
-def engine_forward(config: Any) -> str:
-    """Which forward the rollout engine takes for a model of `config` (rollout/engine.py
-    `pick_forward`), decided on an empty (meta-device) model: no weights are read."""
-    from transformers import AutoModelForCausalLM
-
-    from tidal.rollout.engine import pick_forward
-
-    try:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-        path = pick_forward(model)
-    except (ModelLoadError, ValueError, TypeError, AttributeError, RuntimeError) as error:
-        return f"none: {error}"
-    return {"llama": "llama (the hand-written Llama-family forward)",
-            "generic": "generic (the model's own modules over paged KV)"}[path]
 
 
 def _weights_summary(folder: Path) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,13 +35,39 @@ IMPLEMENTATION = "tidal_paged"
 _ACTIVE: contextvars.ContextVar[PagedAttention | None] = contextvars.ContextVar("tidal_paged_step", default=None)
 
 
+@dataclass
+class VerifyLayout:
+    """Where a speculative step's decode tokens sit: packed (sum of counts) and padded (D, T)."""
+
+    token_rows: Tensor  # (M,) long, each packed decode token's row
+    token_positions: Tensor  # (M,) long, its position in the sequence
+    padded_index: Tensor  # (M,) long, its index in the (D * T) padded layout
+    rows: int  # D
+    width: int  # T, the longest row's tokens
+    mask: Tensor  # (D, 1, T, L) bool: query t of row i sees key j when j <= its position
+    query: Tensor  # (D, T) long, each padded query's position (a padding query: the row's last)
+
+    @classmethod
+    def of(cls, step: Any, device: torch.device) -> VerifyLayout:
+        assert step.decode_counts is not None
+        counts, rows = step.decode_counts, len(step.decode_counts)
+        width, longest = max(counts), max(step.decode_lengths)
+        token_rows = torch.repeat_interleave(torch.arange(rows, device=device), torch.tensor(counts, device=device))
+        offsets = torch.cat([torch.arange(c, device=device) for c in counts])
+        positions = step.positions[: token_rows.shape[0]]
+        first = torch.tensor([length - count for length, count in zip(step.decode_lengths, counts)], device=device)
+        # a padding query (t >= count) sees what the row's last real query sees: finite, and dropped
+        query = first[:, None] + torch.minimum(torch.arange(width, device=device)[None, :],
+                                               torch.tensor(counts, device=device)[:, None] - 1)  # (D, T)
+        mask = torch.arange(longest, device=device)[None, None, :] <= query[:, :, None]
+        return cls(token_rows, positions, token_rows * width + offsets, rows, width, mask[:, None], query)
+
+
 class PagedAttention:
     """One step's attention over the pool, layer by layer (module docstring)."""
 
     def __init__(self, step: Any, pool: BlockPool, view: Any, heads: int, kv_heads: int, head_dim: int,
                  scaling: float) -> None:
-        from tidal.rollout.paged import VerifyLayout, chunk_mask, length_mask
-
         self.step, self.pool, self.view = step, pool, view
         self.heads, self.kv_heads, self.head_dim, self.scaling = heads, kv_heads, head_dim, scaling
         device = step.tokens.device
@@ -60,7 +87,7 @@ class PagedAttention:
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor, scaling: float | None = None,
                  window: int | None = None, softcap: float | None = None) -> Tensor:
         """q (N, heads, hd), k/v (N, kv_heads, hd) of `layer` -> attention output (N, heads, hd)."""
-        step, pool, view = self.step, self.pool, self.view
+        step, pool = self.step, self.pool
         scale = self.scaling if scaling is None else float(scaling)
         pool.keys[layer].index_copy_(0, step.slots, k)
         pool.values[layer].index_copy_(0, step.slots, v)
@@ -229,7 +256,10 @@ def register(fallback: str | None) -> str:
     """Register the paged implementation whose fallback is `fallback` (the model's implementation
     until now: "sdpa", "eager", ...) with transformers' attention and mask interfaces; its name."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.masking_utils import (
+        ALL_MASK_ATTENTION_FUNCTIONS,
+        AttentionMaskInterface,
+    )
 
     fallback = fallback or "sdpa"
     if fallback.startswith(IMPLEMENTATION):
@@ -240,3 +270,19 @@ def register(fallback: str | None) -> str:
     AttentionInterface.register(name, _attention_function(fallback))
     AttentionMaskInterface.register(name, _mask_function(fallback))
     return name
+
+
+def length_mask(lengths: list[int], device: torch.device) -> Tensor | None:
+    """(D, 1, 1, L) bool: key j visible to decode row i when j < lengths[i]; None when all are equal."""
+    if min(lengths) == max(lengths):
+        return None
+    keys = torch.arange(max(lengths), device=device)[None, :]
+    return (keys < torch.tensor(lengths, device=device)[:, None])[:, None, None, :]
+
+
+def chunk_mask(chunk: Any, device: torch.device) -> Tensor | None:
+    """(T, P + T) bool causal mask of a chunk after P cached positions; None when P = 0 (sdpa's own)."""
+    if chunk.past == 0:
+        return None
+    queries = torch.arange(chunk.past, chunk.past + chunk.tokens, device=device)[:, None]
+    return torch.arange(chunk.past + chunk.tokens, device=device)[None, :] <= queries

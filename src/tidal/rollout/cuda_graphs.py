@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tidal.rollout.blocks import BlockPool
-from tidal.rollout.lean import _norm, _swap_halves
+from tidal.rollout.paged import _norm, _swap_halves
 
 if TYPE_CHECKING:
     from tidal.rollout.paged import DecodeView, PagedDecoder, StepInput

@@ -1,4 +1,4 @@
-"""Drafters for speculative decoding (rollout/speculative.py): who proposes the k tokens.
+"""Drafters for speculative decoding (rollout/speculative_batch.py): who proposes the k tokens.
 
 - `NGramDrafter`: prompt lookup. The longest recent suffix of the sequence (n = max_n .. min_n
   tokens) that occurred earlier in prompt + output proposes the tokens that followed it. A hash
@@ -7,21 +7,35 @@
   or in a corpus of earlier outputs (a GRPO group's other samples, earlier steps' outputs for the
   same prompt), found through suffix automata: the sequence's own, extended by each token, and the
   corpus's, walked by a matcher that follows each new token. Both cost amortised O(1) per token.
-- `ModelDrafter`: a small model with the same tokenizer samples k tokens autoregressively with its
-  own KV cache, rolled back to what the target kept; its distributions go to the acceptance rule.
 
-The first two are deterministic (q is a point mass at the proposal). Copying drafters propose past
-the end of what they copy from by copying their own proposal, so a periodic tail drafts a full k.
+Both are deterministic (the draft distribution q is a point mass at the proposal: the acceptance
+rule relies on it). They propose past the end of what they copy from by copying their own
+proposal, so a periodic tail drafts a full k.
 """
 
 from __future__ import annotations
 
-import torch
-from transformers import PreTrainedModel
+from typing import Protocol
 
-from tidal.rollout.speculative import Draft, HFForward, Sampling, TargetForward
 
-DRAFT_CACHE_ROOM = 1024  # positions past the prompt a preallocating draft cache reserves (DynamicCache grows)
+class DraftSession(Protocol):
+    """One sequence's drafting state, from its prompt on."""
+
+    def propose(self, k: int) -> list[int]:
+        """Up to `k` tokens to follow the sequence so far (fewer or none where nothing fits)."""
+        ...
+
+    def extend(self, tokens: list[int]) -> None:
+        """The tokens the sequence grew by this round (kept drafts, then the sampled token)."""
+        ...
+
+
+class Drafter(Protocol):
+    """Makes one session per sequence; `finish` sees each finished completion (a corpus may learn it)."""
+
+    def session(self, prompt: list[int]) -> DraftSession: ...
+
+    def finish(self, prompt: list[int], completion: list[int]) -> None: ...
 
 
 def _copy(source: list[int], start: int, k: int, own: list[int] | None = None) -> list[int]:
@@ -75,13 +89,13 @@ class _NGramSession:
                 self.index[tuple(self.tokens[end - n : end])] = end
             self.tokens.append(token)
 
-    def propose(self, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
+    def propose(self, k: int) -> list[int]:
         length = len(self.tokens)
         for n in range(min(self.max_n, length), self.min_n - 1, -1):
             start = self.index.get(tuple(self.tokens[length - n :]))
             if start is not None:
-                return Draft(_copy(self.tokens, start, k, own=self.tokens))
-        return Draft([])
+                return _copy(self.tokens, start, k, own=self.tokens)
+        return []
 
 
 # --------------------------------------------------------------------------- suffix index
@@ -199,7 +213,7 @@ class _SuffixSession:
             self.own.append(token)
             self.state, self.matched = corpus.step(self.state, self.matched, token)
 
-    def propose(self, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
+    def propose(self, k: int) -> list[int]:
         if self.documents != self.drafter.documents:
             # The corpus grew since this session began: its states may have split; match afresh.
             self.documents = self.drafter.documents
@@ -208,73 +222,8 @@ class _SuffixSession:
                 self.state, self.matched = self.drafter.corpus.step(self.state, self.matched, token)
         own_length, own_start = self.own.repeat()
         if max(own_length, self.matched) < self.drafter.min_match:
-            return Draft([])
+            return []
         if own_length >= self.matched:
-            return Draft(_copy(self.own.tokens, own_start, k, own=self.own.tokens))
+            return _copy(self.own.tokens, own_start, k, own=self.own.tokens)
         corpus = self.drafter.corpus
-        return Draft(_copy(corpus.tokens, corpus.first_end[self.state] + 1, k))
-
-
-# --------------------------------------------------------------------------- a draft model
-
-
-class ModelDrafter:
-    """A small causal LM with the target's tokenizer drafts k tokens, sampled as the target samples
-    (same temperature and top-p), its distributions going to the acceptance rule. `vocab_size`: the
-    target's logits width; draft ids past it are masked out (heads are often padded differently)."""
-
-    def __init__(self, model: PreTrainedModel | TargetForward, vocab_size: int | None = None) -> None:
-        self.forward: TargetForward = HFForward(model) if isinstance(model, PreTrainedModel) else model
-        self.vocab_size = vocab_size
-
-    def session(self, prompt: list[int]) -> _ModelSession:
-        return _ModelSession(self, prompt)
-
-    def finish(self, prompt: list[int], completion: list[int]) -> None:
-        pass
-
-
-class _ModelSession:
-    def __init__(self, drafter: ModelDrafter, prompt: list[int]) -> None:
-        self.forward = drafter.forward
-        self.vocab_size = drafter.vocab_size
-        self.tokens = list(prompt)
-        self.cache = self.forward.new_cache(len(prompt) + DRAFT_CACHE_ROOM)
-        self.cached: list[int] = []  # the tokens whose keys and values the cache holds
-
-    def extend(self, tokens: list[int]) -> None:
-        self.tokens.extend(tokens)
-
-    def _logits(self, new: list[int]) -> torch.Tensor:
-        logits = self.forward(self.cache, torch.tensor([new], device=self.forward.device), 1)[0, -1]  # (V,)
-        self.cached.extend(new)
-        if self.vocab_size is not None and logits.shape[-1] != self.vocab_size:
-            width = logits.shape[-1]
-            fitted = logits.new_full((self.vocab_size,), float("-inf"))
-            fitted[: min(width, self.vocab_size)] = logits[: self.vocab_size]
-            logits = fitted
-        return logits
-
-    @torch.inference_mode()
-    def propose(self, k: int, sampling: Sampling, generator: torch.Generator | None) -> Draft:
-        if k < 1:
-            return Draft([])
-        # Roll the cache back to the longest prefix the sequence still agrees with (drafts the target
-        # rejected go), then feed what it lacks: the token sampled last round, sometimes one more.
-        keep = 0
-        limit = min(len(self.cached), len(self.tokens) - 1)
-        while keep < limit and self.cached[keep] == self.tokens[keep]:
-            keep += 1
-        self.forward.truncate(self.cache, keep)
-        del self.cached[keep:]
-        logits = self._logits(self.tokens[keep:])
-        drafted: list[int] = []
-        distributions = []
-        for index in range(k):
-            probs = sampling.probs(logits)  # (V,)
-            token = int(torch.multinomial(probs, 1, generator=generator)) if not sampling.greedy else int(probs.argmax())
-            drafted.append(token)
-            distributions.append(probs)
-            if index + 1 < k:
-                logits = self._logits([token])
-        return Draft(drafted, torch.stack(distributions))
+        return _copy(corpus.tokens, corpus.first_end[self.state] + 1, k)

@@ -27,9 +27,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from tidal.errors import PreemptedError
 from tidal.rollout.blocks import BlockPool, PoolStats
 from tidal.rollout.cuda_graphs import StaticDecode, decode_forward, graphs_available
-from tidal.rollout.lean import SUPPORTED, LeanDecoder
-from tidal.rollout.modules import ModuleDecoder, check_decoder
-from tidal.rollout.paged import Chunk, DecodeView, PagedDecoder, StepInput, matmul_rate
+from tidal.rollout.modules import ModuleDecoder, pick_forward
+from tidal.rollout.paged import SUPPORTED, DecodeView, PagedDecoder, StepInput, matmul_rate
 from tidal.rollout.sampling import (
     Cancel,
     SamplingParams,
@@ -39,8 +38,7 @@ from tidal.rollout.sampling import (
     eos_ids,
 )
 from tidal.rollout.scheduler import KVPoolTooSmall, Request, RequestHandle, Scheduler
-from tidal.rollout.speculative import SpeculativeStats
-from tidal.rollout.speculative_batch import BatchSpeculation, Speculation
+from tidal.rollout.speculative_batch import BatchSpeculation, Speculation, SpeculativeStats
 from tidal.types import Completion
 
 if TYPE_CHECKING:
@@ -66,7 +64,7 @@ AUTO_BF16_GAIN = 1.3
 
 
 class EmbeddedEngine:
-    """Samples completions from a Llama-family causal LM (Qwen2, Llama, Mistral) in this process.
+    """Samples completions from a causal LM in this process.
 
     `model` may be the very object the trainer updates (then call `update_weights(None, version)`
     after each step) or a separate copy (pass the new weights to `update_weights`). It must already
@@ -82,8 +80,9 @@ class EmbeddedEngine:
     by prompt lookup and verify them in the batch's forward (rollout/speculative_batch.py; the
     samples keep the target distribution, `speculative_stats` counts drafts); `cuda_graphs`: "auto"
     (decode-only steps replayed from CUDA graphs where CUDA is there, rollout/cuda_graphs.py),
-    "off", or "eager" (the graphs' padded computation run op by op: the CPU tests' way in). Other architectures:
-    `tidal.rollout.static.StaticEngine`.
+    "off", or "eager" (the graphs' padded computation run op by op: the CPU tests' way in);
+    `forward`: "llama" (the hand-written Llama-family forward, rollout/paged.py), "generic" (the
+    model's own modules over the paged KV, rollout/modules.py) or "auto" (`pick_forward`).
     """
 
     def __init__(
@@ -341,40 +340,6 @@ class EmbeddedEngine:
             ))
         return out
 
-    # ---------------------------------------------------------------- hooks
-
-    @torch.inference_mode()
-    def score(self, context: list[int], draft: list[int]) -> Tensor:
-        """Logits (k + 1, V) float32 of the target model after `context` + each prefix of `draft`
-        (k tokens): row j scores the token following draft[:j]. One forward pass over the draft
-        on top of `context`'s KV (its cached prefix blocks reused, the rest computed, then let go:
-        nothing is kept). The hook for speculative decoding's verification."""
-        with self._lock:
-            pool, size = self.pool, self.pool.block_size
-            tokens = [*context, *draft]
-            root = hash(("tidal-kv", self.weight_version))
-            blocks, _ = pool.lookup(tokens, root, len(context) - 1)
-            held = list(blocks)
-            try:
-                past = len(blocks) * size
-                while len(held) * size < len(tokens):
-                    block = pool.allocate()
-                    if block is None:
-                        raise KVPoolTooSmall(f"score: {len(tokens)} tokens need more free KV blocks than the pool has")
-                    held.append(block)
-                slots = [block * size + offset for block in held for offset in range(size)][: len(tokens)]
-                count = len(tokens) - past
-                device = self.device
-                step = StepInput(
-                    tokens=torch.tensor(tokens[past:], device=device), positions=torch.arange(past, len(tokens), device=device),
-                    slots=torch.tensor(slots[past:], device=device), decode_rows=0,
-                    chunks=[Chunk(0, count, past, torch.tensor(slots, device=device))],
-                    logit_rows=torch.arange(count - len(draft) - 1, count, device=device),
-                )
-                return self._forward(step)
-            finally:
-                pool.release(held)
-
     def _new_forward(self) -> PagedDecoder | ModuleDecoder:
         if self.forward_path == "llama":
             return PagedDecoder(self.model, self.dtype)
@@ -417,20 +382,6 @@ def _bind(on_token: TokenCallback, prompt: int) -> Callable[[int, int], None]:
     return lambda sample, token: on_token(prompt, sample, token)
 
 
-def pick_forward(model: torch.nn.Module, choice: str = "auto") -> str:
-    """The forward `choice` names for `model` (FORWARDS): "llama", the hand-written Llama-family
-    forward (rollout/paged.py), or "generic", the model's own modules (rollout/modules.py). "auto"
-    takes "llama" where it computes the model exactly (faster on a CPU: bench/RESULTS.md, "Rollout
-    engine: forward paths"), "generic" for every other causal LM."""
-    if choice == "generic" or (choice == "auto" and not PagedDecoder.supports(model)):
-        check_decoder(model.config)
-        return "generic"
-    if not PagedDecoder.supports(model):
-        raise ValueError(f"forward='llama' runs Llama-family decoders ({', '.join(SUPPORTED)}) without sliding windows, "
-                         f"not {type(model).__name__}; use forward='auto' or 'generic'")
-    return "llama"
-
-
 def model_dtype(model: torch.nn.Module, choice: str) -> torch.dtype:
     """The generic forward's compute dtype: the model's own ("model", "auto" or that dtype's name)."""
     own = model.get_input_embeddings().weight.dtype
@@ -447,7 +398,7 @@ def _pick_dtype(model: PreTrainedModel, choice: str) -> torch.dtype:
         return own
     if choice != "auto":
         return getattr(torch, choice)
-    if own == torch.bfloat16 or not LeanDecoder.supports(model):  # LoRA layers compute in the model's dtype
+    if own == torch.bfloat16 or not PagedDecoder.supports(model, plain_projections=True):  # LoRA layers compute in the model's dtype
         return own
     config, device = model.config, model.get_input_embeddings().weight.device
     shape = (64, int(config.hidden_size), int(config.intermediate_size))

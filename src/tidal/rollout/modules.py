@@ -24,6 +24,7 @@ from torch import Tensor
 from tidal.errors import ModelLoadError
 from tidal.rollout.attention import PagedAttention, active, register
 from tidal.rollout.blocks import BlockPool
+from tidal.rollout.paged import PagedDecoder
 
 
 def kv_geometry(config: Any) -> tuple[int, int, int, int]:
@@ -93,3 +94,32 @@ class ModuleDecoder:
             out = self.model(input_ids=step.tokens[None], position_ids=step.positions[None], use_cache=False,
                              logits_to_keep=step.logit_rows)
         return out.logits[0].float()
+
+
+def pick_forward(model: torch.nn.Module, choice: str = "auto") -> str:
+    """The forward `choice` names for `model`: "llama", the hand-written Llama-family forward
+    (rollout/paged.py), or "generic", the model's own modules (this file). "auto" takes "llama"
+    where it computes the model exactly (faster on a CPU: bench/RESULTS.md, "Rollout"), "generic"
+    for every other causal LM."""
+    if choice == "generic" or (choice == "auto" and not PagedDecoder.supports(model)):
+        check_decoder(model.config)
+        return "generic"
+    if not PagedDecoder.supports(model):
+        raise ValueError(f"forward='llama' runs Llama-family decoders without sliding windows, not "
+                         f"{type(model).__name__}; use forward='auto' or 'generic'")
+    return "llama"
+
+
+def describe_forward(config: Any) -> str:
+    """Which forward the engine takes for a model of `config`, decided on an empty (meta-device)
+    model, so no weights are read: what `tidal model info` prints."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        path = pick_forward(model)
+    except (ModelLoadError, ValueError, TypeError, AttributeError, RuntimeError) as error:
+        return f"none: {error}"
+    return {"llama": "llama (the hand-written Llama-family forward)",
+            "generic": "generic (the model's own modules over paged KV)"}[path]

@@ -2,11 +2,14 @@
 
 A step's tokens are packed into one (N, H) activation, N = the decode rows (one token each) plus
 the tokens of this step's prefill chunks, so every projection of the step is one matrix product
-whatever mix of sequences it serves. The arithmetic is the Llama family's (Qwen2, Llama, Mistral
-without sliding windows), as in rollout/lean.py: RMSNorm, q/k/v projections, the model's own
-rotary embeddings, grouped-query attention with `scaled_dot_product_attention`, SwiGLU. A
-projection that is a plain `nn.Linear` is computed from its weight directly; any other module in
-its place (a LoRA layer) is called, so adapters are sampled as the trainer sees them.
+whatever mix of sequences it serves. This is the hand-written "llama" forward of the engine
+(the "generic" one runs the model's own modules: rollout/modules.py): the Llama family's
+arithmetic (Qwen2, Llama, Mistral without sliding windows; `PagedDecoder.supports`) without the
+`transformers` module calls, mask builders and cache bookkeeping around it: RMSNorm, q/k/v
+projections, the model's own rotary embeddings (so rope scaling variants are its own),
+grouped-query attention with `scaled_dot_product_attention`, SwiGLU. A projection that is a plain
+`nn.Linear` is computed from its weight directly; any other module in its place (a LoRA layer) is
+called, so adapters are sampled as the trainer sees them.
 
 Attention: each token's keys and values are written to its slot of the `BlockPool`. Decode rows
 attend through a `DecodeView`, a contiguous (rows, kv_heads, capacity, head_dim) copy of their
@@ -28,11 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tidal.rollout.attention import PagedAttention
+from tidal.rollout.attention import PagedAttention, VerifyLayout, chunk_mask, length_mask  # noqa: F401
 from tidal.rollout.blocks import BlockPool
-from tidal.rollout.lean import SUPPORTED, LeanDecoder, _norm, _projections, _swap_halves
 
 Projection = Callable[[Tensor], Tensor]
+
+SUPPORTED = ("qwen2", "llama", "mistral")  # the model types the "llama" forward computes
 
 
 @dataclass
@@ -61,34 +65,6 @@ class StepInput:
     # packed row after row in [0, sum(decode_counts)); decode_lengths[i] counts its keys through
     # its last fed token (its first fed token's position + its count). None: one token per row.
     decode_counts: list[int] | None = None
-
-
-@dataclass
-class VerifyLayout:
-    """Where a speculative step's decode tokens sit: packed (sum of counts) and padded (D, T)."""
-
-    token_rows: Tensor  # (M,) long, each packed decode token's row
-    token_positions: Tensor  # (M,) long, its position in the sequence
-    padded_index: Tensor  # (M,) long, its index in the (D * T) padded layout
-    rows: int  # D
-    width: int  # T, the longest row's tokens
-    mask: Tensor  # (D, 1, T, L) bool: query t of row i sees key j when j <= its position
-    query: Tensor  # (D, T) long, each padded query's position (a padding query: the row's last)
-
-    @classmethod
-    def of(cls, step: StepInput, device: torch.device) -> VerifyLayout:
-        assert step.decode_counts is not None
-        counts, rows = step.decode_counts, len(step.decode_counts)
-        width, longest = max(counts), max(step.decode_lengths)
-        token_rows = torch.repeat_interleave(torch.arange(rows, device=device), torch.tensor(counts, device=device))
-        offsets = torch.cat([torch.arange(c, device=device) for c in counts])
-        positions = step.positions[: token_rows.shape[0]]
-        first = torch.tensor([length - count for length, count in zip(step.decode_lengths, counts)], device=device)
-        # a padding query (t >= count) sees what the row's last real query sees: finite, and dropped
-        query = first[:, None] + torch.minimum(torch.arange(width, device=device)[None, :],
-                                               torch.tensor(counts, device=device)[:, None] - 1)  # (D, T)
-        mask = torch.arange(longest, device=device)[None, None, :] <= query[:, :, None]
-        return cls(token_rows, positions, token_rows * width + offsets, rows, width, mask[:, None], query)
 
 
 class DecodeView:
@@ -147,8 +123,8 @@ class PagedDecoder:
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
         if not self.supports(model):
             raise ValueError(
-                f"the paged engine runs Llama-family decoders ({', '.join(SUPPORTED)}), not {type(model).__name__}; "
-                "use tidal.rollout.static.StaticEngine, which runs any transformers causal LM through its own forward"
+                f"the llama forward runs Llama-family decoders ({', '.join(SUPPORTED)}), not {type(model).__name__}; "
+                "the engine's generic forward (rollout/modules.py) runs any causal LM"
             )
         config, inner = model.config, model.model
         self.model = model
@@ -187,9 +163,32 @@ class PagedDecoder:
             ))
 
     @staticmethod
-    def supports(model: torch.nn.Module) -> bool:
-        """Whether `model` is a Llama-family decoder this forward computes (any projection modules)."""
-        return LeanDecoder.supports(model, plain_projections=False)
+    def supports(model: torch.nn.Module, plain_projections: bool = False) -> bool:
+        """Whether `model` is a Llama-family decoder this forward computes exactly, whatever modules
+        stand in for its projections (`plain_projections=True`: only if they are all `nn.Linear`)."""
+        config = getattr(model, "config", None)
+        if config is None or getattr(config, "model_type", None) not in SUPPORTED:
+            return False
+        layer_types = getattr(config, "layer_types", None) or []
+        if any(kind != "full_attention" for kind in layer_types) or getattr(config, "use_sliding_window", False):
+            return False
+        if getattr(config, "sliding_window", None) and config.model_type == "mistral":
+            return False
+        if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "pretraining_tp", 1) != 1:
+            return False
+        inner = getattr(model, "model", None)
+        try:
+            layer = inner.layers[0]  # type: ignore[union-attr]
+            parts = (inner.embed_tokens, inner.norm, inner.rotary_emb, model.lm_head, layer.input_layernorm,  # type: ignore[union-attr]
+                     layer.post_attention_layernorm, layer.self_attn.q_proj, layer.self_attn.k_proj,
+                     layer.self_attn.v_proj, layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
+                     layer.mlp.down_proj)
+        except (AttributeError, IndexError, TypeError):
+            return False
+        norms = (inner.norm, layer.input_layernorm, layer.post_attention_layernorm)  # type: ignore[union-attr]
+        if not all(p is not None for p in parts) or not all(hasattr(n, "variance_epsilon") for n in norms):
+            return False
+        return not plain_projections or all(isinstance(module, torch.nn.Linear) for module in _projections(model))
 
     def current(self) -> bool:
         """Whether the model still holds the modules this forward read (an adapter injected since replaces them)."""
@@ -241,21 +240,39 @@ def matmul_rate(dtype: torch.dtype, device: torch.device | str, rows: int, input
     return 2.0 * rows * inputs * outputs * repeats / fastest
 
 
+def _projections(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The LM head and every layer's attention and MLP projections, in order."""
+    modules = [model.lm_head]
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        modules += [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
+                    mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    return modules
+
+
 def _module_ids(model: torch.nn.Module) -> list[int]:
     return [id(module) for module in _projections(model)]
 
 
-def length_mask(lengths: list[int], device: torch.device) -> Tensor | None:
-    """(D, 1, 1, L) bool: key j visible to decode row i when j < lengths[i]; None when all are equal."""
-    if min(lengths) == max(lengths):
-        return None
-    keys = torch.arange(max(lengths), device=device)[None, :]
-    return (keys < torch.tensor(lengths, device=device)[:, None])[:, None, None, :]
+def _rms_norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
+    dtype = hidden.dtype
+    values = hidden.to(torch.float32)
+    values = values * torch.rsqrt(values.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * values.to(dtype)
 
 
-def chunk_mask(chunk: Chunk, device: torch.device) -> Tensor | None:
-    """(T, P + T) bool causal mask of a chunk after P cached positions; None when P = 0 (sdpa's own)."""
-    if chunk.past == 0:
-        return None
-    queries = torch.arange(chunk.past, chunk.past + chunk.tokens, device=device)[:, None]
-    return torch.arange(chunk.past + chunk.tokens, device=device)[None, :] <= queries
+def _norm(hidden: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm of the last dimension: one call to `F.rms_norm` where both are float32 (on the CPU it
+    runs `_rms_norm`'s ops in the same order, without a Python call for each); else `_rms_norm`,
+    whose order of casts is the `transformers` modules' for half precision."""
+    if hidden.dtype == weight.dtype == torch.float32:
+        return F.rms_norm(hidden, (hidden.shape[-1],), weight, eps)
+    return _rms_norm(hidden, weight, eps)
+
+
+def _swap_halves(x: Tensor) -> Tensor:
+    """(x1, x2) -> (x2, x1) on the last dimension: `rotate_half` without its sign, which the caller
+    folds into sin once: x * cos + rotate_half(x) * sin, with rotate_half(x) = (-x2, x1), equals
+    x * cos + (x2, x1) * (-s1, s2) exactly ((-a) * b == a * (-b))."""
+    half = x.shape[-1] // 2
+    return torch.cat((x[..., half:], x[..., :half]), dim=-1)

@@ -1,13 +1,19 @@
 """How tokens are drawn: `SamplingParams`, per-row sampling from a batch of logits, stop strings.
 
+`distributions` is the one place that turns logits and each row's parameters into what a row
+samples from and what it reports; plain decoding (`sample_rows`) and speculative verification
+(rollout/speculative_batch.py) both go through it.
+
 Log-probability convention (the trainer computes the same quantity when it recomputes old
 logprobs): for each sampled token, `log_softmax(logits / temperature)` at that token, taken BEFORE
-top-p truncation, with temperature 1 when sampling greedily (temperature 0).
+top-k and top-p truncation, with temperature 1 when sampling greedily (temperature 0).
 
-Every row of a batch carries its own temperature and top-p, and a seeded row draws from its own
-`torch.Generator`, so what it samples depends on its own logits and seed only, never on the other
-rows of the batch; unseeded rows share one generator. A row's draw is one uniform number inverted
-through its cumulative distribution (`_inverse_cdf`), batched over the rows.
+What is sampled from: the tempered softmax, cut to the `top_k` most likely tokens, then to the
+top-p nucleus of what is left (transformers' order: temperature, top-k, top-p); a greedy row's is
+a point mass at its argmax. Every row carries its own parameters, and a seeded row draws from its
+own `torch.Generator`, so what it samples depends on its own logits and seed only, never on the
+other rows of the batch; unseeded rows share one generator. A row's draw is one uniform number
+inverted through its cumulative distribution (`_inverse_cdf`), batched over the rows.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class SamplingParams:
 
     temperature: float = 1.0  # 0 = greedy (argmax)
     top_p: float = 1.0  # nucleus mass in (0, 1]; 1 = the whole distribution
+    top_k: int | None = None  # keep the k most likely tokens (before top-p); None = all of them
     max_new_tokens: int = 64  # completion length cap; reaching it gives finish_reason "length"
     # Stop strings: generation ends at the token that completes one; `text` is cut before it, while
     # `token_ids`/`logprobs` keep every sampled token (the trainer trains on what was sampled).
@@ -52,12 +59,18 @@ class SamplingParams:
             problems.append(f"temperature={self.temperature} must be in [0, 100] (0 = greedy)")
         if not (0.0 < self.top_p <= 1.0):
             problems.append(f"top_p={self.top_p} must be in (0, 1]")
+        if self.top_k is not None and self.top_k < 1:
+            problems.append(f"top_k={self.top_k} must be >= 1 (None: no cut)")
         if self.max_new_tokens < 1:
             problems.append(f"max_new_tokens={self.max_new_tokens} must be >= 1")
         if any(not s for s in self.stop):
             problems.append("stop strings must not be empty")
         if problems:
             raise ValueError("invalid SamplingParams: " + "; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 def derived_seed(seed: int, *parts: int) -> int:
@@ -72,37 +85,64 @@ def derived_seed(seed: int, *parts: int) -> int:
     return value & 0x7FFFFFFFFFFFFFFF
 
 
-def sample_rows(
-    logits: Tensor, temperature: Sequence[float], top_p: Sequence[float],
-    generators: Sequence[torch.Generator | None], shared: torch.Generator,
-) -> tuple[Tensor, Tensor]:
-    """One token per row and its logprob (module docstring): logits (R, V) float32 -> (R,), (R,).
-    Row r samples at `temperature[r]` (0: argmax) with nucleus `top_p[r]`, drawing from
-    `generators[r]`, or from `shared` when that is None."""
-    rows, device = logits.shape[0], logits.device
-    greedy = [t == 0 for t in temperature]
-    if not all(g or t == 1.0 for g, t in zip(greedy, temperature)):  # x / 1.0 == x: else skip the division
-        logits = logits / torch.tensor([1.0 if g else t for g, t in zip(greedy, temperature)], device=device)[:, None]
+@dataclass
+class Distributions:
+    """What each row of a batch samples from and what it reports (the module docstring)."""
+
+    scaled: Tensor  # (R, V) float32, logits / temperature (1 for a greedy row)
+    normaliser: Tensor  # (R,) log sum exp of `scaled`: `scaled - normaliser` is the reported log_softmax
+    weights: Tensor  # (R, V) the distribution sampled from, unnormalised (a greedy row: 1 at its argmax)
+
+    def logprobs(self, tokens: Tensor) -> Tensor:
+        """The reported logprob of row r's token `tokens[r]` (R,): (R,)."""
+        return self.scaled.gather(1, tokens[:, None]).squeeze(1) - self.normaliser
+
+
+def distributions(logits: Tensor, params: Sequence[SamplingParams]) -> Distributions:
+    """Row r of `logits` (R, V) float32 under `params[r]`: its reported logprobs and the
+    distribution it samples from (module docstring)."""
+    rows, vocab = logits.shape
+    device = logits.device
+    greedy = [p.greedy for p in params]
+    if not all(g or p.temperature == 1.0 for g, p in zip(greedy, params)):  # x / 1.0 == x: else skip the division
+        logits = logits / torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], device=device)[:, None]
     # log_softmax(x)[t] = x[t] - max - log(sum(exp(x - max))), with exp(x - max) also what is sampled
     # from: one pass over the vocabulary instead of log_softmax's and exp's.
     top = logits.max(dim=-1, keepdim=True).values  # (R, 1)
     weights = (logits - top).exp_()  # (R, V), unnormalised probabilities
+    normaliser = top.squeeze(1) + weights.sum(dim=-1).log()  # (R,), before any truncation
+    cut = [r for r in range(rows) if not greedy[r] and (params[r].top_k or vocab) < vocab]
+    if cut:
+        weights[cut] = _top_k(weights[cut], torch.tensor([params[r].top_k for r in cut], device=device))
+    nucleus = [r for r in range(rows) if not greedy[r] and params[r].top_p < 1.0]
+    if nucleus:
+        masses = torch.tensor([params[r].top_p for r in nucleus], device=device)
+        kept = weights[nucleus]
+        weights[nucleus] = _top_p(kept / kept.sum(-1, keepdim=True), masses)
+    chosen = [r for r in range(rows) if greedy[r]]
+    if chosen:
+        weights[chosen] = F.one_hot(logits[chosen].argmax(dim=-1), vocab).to(weights.dtype)
+    return Distributions(logits, normaliser, weights)
+
+
+def sample_rows(
+    logits: Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
+    shared: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """One token per row and its logprob (module docstring): logits (R, V) float32 -> (R,), (R,).
+    Row r samples under `params[r]`, drawing from `generators[r]`, or from `shared` when that is
+    None; a greedy row draws nothing."""
+    rows, device = logits.shape[0], logits.device
+    dist = distributions(logits, params)
     token = torch.empty(rows, dtype=torch.long, device=device)
-    sampled = [r for r in range(rows) if not greedy[r]]
+    sampled = [r for r in range(rows) if not params[r].greedy]
     if len(sampled) < rows:
-        chosen = [r for r in range(rows) if greedy[r]]
-        token[chosen] = logits[chosen].argmax(dim=-1)
+        chosen = [r for r in range(rows) if params[r].greedy]
+        token[chosen] = dist.weights[chosen].argmax(dim=-1)
     if sampled:
-        probs = weights if len(sampled) == rows else weights[sampled]  # (S, V)
-        nucleus = [i for i, r in enumerate(sampled) if top_p[r] < 1.0]
-        if nucleus:
-            masses = torch.tensor([top_p[sampled[i]] for i in nucleus], device=device)
-            chosen_probs = probs[nucleus]
-            probs = probs.clone()
-            probs[nucleus] = _top_p(chosen_probs / chosen_probs.sum(-1, keepdim=True), masses)
-        token[sampled] = _inverse_cdf(probs, _uniforms([generators[r] for r in sampled], shared, device))
-    normaliser = top.squeeze(1) + weights.sum(dim=-1).log()  # (R,)
-    return token, logits.gather(1, token[:, None]).squeeze(1) - normaliser
+        weights = dist.weights if len(sampled) == rows else dist.weights[sampled]  # (S, V)
+        token[sampled] = _inverse_cdf(weights, _uniforms([generators[r] for r in sampled], shared, device))
+    return token, dist.logprobs(token)
 
 
 def _uniforms(generators: list[torch.Generator | None], shared: torch.Generator, device: torch.device) -> Tensor:
@@ -123,8 +163,8 @@ def _inverse_cdf(probs: Tensor, uniforms: Tensor, block: int = 256) -> Tensor:
     at `uniforms` (S,): one random number per row, so a seeded row costs one tiny generator call,
     not a `multinomial` of its own. Two levels, as a full cumulative sum over a large vocabulary
     is a slow sequential pass: the sums of blocks of `block` tokens first, then the cumulative
-    sum inside the block the draw falls in. A token of probability 0 (cut by top-p) is never
-    drawn: its interval is empty."""
+    sum inside the block the draw falls in. A token of probability 0 (cut by top-k or top-p) is
+    never drawn: its interval is empty."""
     rows, vocab = probs.shape
     pad = -vocab % block
     blocks = F.pad(probs, (0, pad)).view(rows, -1, block)  # (S, B, block)
@@ -140,6 +180,14 @@ def _inverse_cdf(probs: Tensor, uniforms: Tensor, block: int = 256) -> Tensor:
     return (which * block + offset).squeeze(1).clamp_(max=vocab - 1)
 
 
+def _top_k(weights: Tensor, top_k: Tensor) -> Tensor:
+    """Zero all but the `top_k` (R,) largest of each row of `weights` (R, V) (ties with the k-th
+    stay, as in transformers' `TopKLogitsWarper`)."""
+    largest = weights.topk(int(top_k.max()), dim=-1).values  # (R, max k), descending
+    kth = largest.gather(1, (top_k - 1)[:, None])  # (R, 1)
+    return weights.masked_fill(weights < kth, 0.0)
+
+
 def _top_p(probs: Tensor, top_p: Tensor) -> Tensor:
     """Zero all but the smallest set of most likely tokens whose mass reaches `top_p` (R,) of each
     row: (R, V)."""
@@ -147,20 +195,6 @@ def _top_p(probs: Tensor, top_p: Tensor) -> Tensor:
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[:, None], 0.0)  # the top token always stays
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-
-
-def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Every row of `logits` (B, V) with the same `params` and one `generator`: (B,), (B,)."""
-    if params.temperature == 0:
-        logp = torch.log_softmax(logits, dim=-1)
-        token = logits.argmax(dim=-1)
-    else:
-        logp = torch.log_softmax(logits / params.temperature, dim=-1)
-        probs = logp.exp()
-        if params.top_p < 1.0:
-            probs = _top_p(probs, torch.full((probs.shape[0],), params.top_p, device=probs.device))
-        token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    return token, logp.gather(1, token[:, None]).squeeze(1)
 
 
 def stop_window(stop: list[str]) -> int:

@@ -27,16 +27,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from tidal.errors import TidalError
 from tidal.rollout.blocks import BlockPool
+from tidal.rollout.drafting import DraftSession
 from tidal.rollout.paged import Chunk, DecodeView, StepInput
 from tidal.rollout.sampling import SamplingParams, derived_seed, hits_stop, sample_rows
-from tidal.rollout.speculative import Sampling
 from tidal.rollout.speculative_batch import BatchSpeculation, verify_rows
 from tidal.types import FinishReason
 
@@ -74,7 +73,7 @@ class Sequence:
     logprobs: list[float] = field(default_factory=list)
     row: int = -1  # its row in the decode view while decoding
     fresh: bool = True  # not admitted before (a preempted sequence's second prefill is a recompute)
-    session: Any = None  # its drafter session (speculative decoding), made when it first drafts
+    session: DraftSession | None = None  # its drafter session (speculative decoding), made when it first drafts
     drafts: list[int] = field(default_factory=list)  # this step's draft tokens, fed after its last token
 
     @property
@@ -213,7 +212,7 @@ class Scheduler:
                 continue
             if sequence.session is None:
                 sequence.session = speculation.drafter.session(list(sequence.tokens))
-            proposal = sequence.session.propose(room, Sampling(params.temperature, params.top_p), None).tokens[:room]
+            proposal = sequence.session.propose(room)[:room]
             while proposal and sequence.computed + len(proposal) >= len(sequence.blocks) * size:
                 block = self.pool.allocate()
                 if block is None:
@@ -238,8 +237,8 @@ class Scheduler:
         for index, piece in enumerate(slices):
             padded[index, : piece.shape[0]] = piece
         params = [s.handle.request.params for s in drafting]
-        verdicts = verify_rows(padded, [s.drafts for s in drafting], [p.temperature for p in params],
-                               [p.top_p for p in params], [s.generator for s in drafting], self.shared)
+        verdicts = verify_rows(padded, [s.drafts for s in drafting], params, [s.generator for s in drafting],
+                               self.shared)
         stats = self.speculation.stats
         for sequence, accepted in zip(drafting, verdicts.accepted):
             stats.drafted += len(sequence.drafts)
@@ -413,8 +412,7 @@ class Scheduler:
         finished: list[tuple[Sequence, FinishReason]] = []
         if rows:
             params = [s.handle.request.params for s in rows]
-            tokens, logprobs = sample_rows(logits, [p.temperature for p in params], [p.top_p for p in params],
-                                           [s.generator for s in rows], self.shared)
+            tokens, logprobs = sample_rows(logits, params, [s.generator for s in rows], self.shared)
             for sequence, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist()):
                 kept, reason = self._append(sequence, [token], [logprob])
                 if reason is not None:

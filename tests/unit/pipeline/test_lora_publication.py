@@ -23,7 +23,7 @@ from tidal.pipeline.weights import (
     publish,
 )
 from tidal.rollout.engine import EmbeddedEngine, SamplingParams
-from tidal.rollout.lean import LeanDecoder
+from tidal.rollout.paged import PagedDecoder
 from tidal.trainer import lora
 from tidal.trainer.logprobs import token_logprobs
 
@@ -79,7 +79,7 @@ def test_rollout_samples_from_the_published_adapter(adapted: LoadedModel, mode: 
     assert publication.state is not None
     if mode == "merged":  # the plain model's layout, nothing of the adapter's
         assert not any("lora_" in name or "base_layer" in name for name in publication.state)
-        assert not lora.has_adapter(worker.model) and LeanDecoder.supports(worker.model)
+        assert not lora.has_adapter(worker.model) and PagedDecoder.supports(worker.model, plain_projections=True)
     else:  # the adapter's tensors alone, every one of them
         assert set(publication.state) == set(lora.adapter_state_dict(model))
     load_verified(worker, publication, TOLERANCE)
@@ -147,7 +147,7 @@ def test_an_engine_built_before_the_adapter_samples_from_it() -> None:
     engine = EmbeddedEngine(loaded.model, loaded.tokenizer, "cpu")
     assert engine._forward_pass.current()
     lora.apply_lora(loaded.model, LoraConfig(enabled=True, r=4, alpha=16.0), seed=0)
-    assert not LeanDecoder.supports(loaded.model) and not engine._forward_pass.current()
+    assert not PagedDecoder.supports(loaded.model, plain_projections=True) and not engine._forward_pass.current()
     _update_adapter(loaded.model, seed=5)
     prompt = canary_ids(loaded.tokenizer)[:6]
     tokens, sampled = _sampled_logprobs(engine, prompt)

@@ -7,8 +7,6 @@ import torch
 
 from tidal.models import LoadedModel
 from tidal.rollout import EmbeddedEngine, RolloutEngine, SamplingParams
-from tidal.rollout.kv import FlatCache, supports_flat_cache
-from tidal.rollout.static import StaticEngine
 from tidal.types import Completion
 
 
@@ -37,16 +35,13 @@ def _recomputed_logprobs(tiny: LoadedModel, completion: Completion, temperature:
 ENGINES = {
     "paged": lambda m, t: EmbeddedEngine(m, t),
     "paged-gather": lambda m, t: EmbeddedEngine(m, t, decode_attention="gather"),
-    "static-lean": lambda m, t: StaticEngine(m, t, kv_cache="auto"),
-    "static-flat": lambda m, t: StaticEngine(m, t, kv_cache="flat"),
-    "static-dynamic": lambda m, t: StaticEngine(m, t, kv_cache="dynamic"),
+    "paged-generic": lambda m, t: EmbeddedEngine(m, t, forward="generic"),
+    "paged-generic-gather": lambda m, t: EmbeddedEngine(m, t, decode_attention="gather", forward="generic"),
 }
 
 
 def test_is_a_rollout_engine(tiny: LoadedModel) -> None:
     assert isinstance(EmbeddedEngine(tiny.model, tiny.tokenizer), RolloutEngine)
-    assert isinstance(StaticEngine(tiny.model, tiny.tokenizer), RolloutEngine)
-    assert supports_flat_cache(tiny.model)
 
 
 @pytest.mark.parametrize("kind", list(ENGINES))
@@ -81,29 +76,14 @@ def test_each_prompt_is_prefilled_once(tiny: LoadedModel, prompts: list[list[int
     assert engine.run_metrics()["engine/reuse_rate"] == pytest.approx(7 / 8)  # the run's metrics rows
 
 
-@pytest.mark.parametrize("kv_cache", ["auto", "flat"])
-def test_the_static_engine_prefills_each_prompt_once(tiny: LoadedModel, prompts: list[list[int]], kv_cache: str) -> None:
-    shapes: list[tuple[int, int]] = []
-    engine = StaticEngine(tiny.model, tiny.tokenizer, kv_cache=kv_cache)  # type: ignore[arg-type]
-    forward = engine._forward
-
-    def recorded(input_ids: torch.Tensor, *args: object) -> torch.Tensor:
-        shapes.append(tuple(input_ids.shape))
-        return forward(input_ids, *args)  # type: ignore[arg-type]
-
-    engine._forward = recorded  # type: ignore[method-assign]
-    engine.generate(prompts, n=8, params=SamplingParams(max_new_tokens=3, seed=0))
-    width = max(len(p) for p in prompts)
-    assert shapes[0] == (len(prompts), width), "one prefill row per prompt, not per sample"
-    assert shapes[1:] == [(8 * len(prompts), 1)] * (len(shapes) - 1)
-
-
-@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"),
+                         [(1.0, 1.0, None), (0.7, 0.9, None), (0.0, 1.0, None), (1.2, 0.9, 5)])
 def test_logprobs_match_a_full_forward_pass(
-    tiny: LoadedModel, prompts: list[list[int]], temperature: float, top_p: float
+    tiny: LoadedModel, prompts: list[list[int]], temperature: float, top_p: float, top_k: int | None
 ) -> None:
+    """The behaviour logprob: log_softmax(logits / T) before any truncation (top-k, top-p)."""
     engine = EmbeddedEngine(tiny.model, tiny.tokenizer)
-    params = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=10, seed=1)
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=10, seed=1)
     for group in engine.generate(prompts, n=3, params=params):
         for completion in group:
             assert len(completion.logprobs) == len(completion.token_ids)
@@ -130,6 +110,25 @@ def test_tiny_top_p_is_greedy(tiny: LoadedModel, prompts: list[list[int]]) -> No
     nucleus = engine.generate(prompts, n=2, params=SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=8, seed=5))
     for g, group in zip(greedy, nucleus):
         assert all(c.token_ids == g[0].token_ids for c in group)
+
+
+def test_top_k_keeps_the_k_likeliest_tokens(tiny: LoadedModel, prompts: list[list[int]]) -> None:
+    engine = EmbeddedEngine(tiny.model, tiny.tokenizer)
+    greedy = engine.generate(prompts, n=1, params=SamplingParams(temperature=0, max_new_tokens=8))
+    one = engine.generate(prompts, n=2, params=SamplingParams(temperature=1.5, top_k=1, max_new_tokens=8, seed=5))
+    for g, group in zip(greedy, one):
+        assert all(c.token_ids == g[0].token_ids for c in group)
+    params = SamplingParams(temperature=2.0, top_k=3, max_new_tokens=6, seed=6)
+    for group in engine.generate(prompts, n=8, params=params):
+        for completion in group:
+            ids = torch.tensor([completion.prompt_ids + completion.token_ids])
+            with torch.no_grad():
+                logits = tiny.model(ids).logits[0, len(completion.prompt_ids) - 1 : -1]
+            rank = (logits > logits.gather(1, torch.tensor(completion.token_ids)[:, None])).sum(dim=1)
+            assert int(rank.max()) < 3, "every sampled token is among the 3 likeliest"
+    wide = engine.generate(prompts, n=8, params=SamplingParams(temperature=2.0, max_new_tokens=6, seed=6))
+    assert [[c.token_ids for c in g] for g in wide] != [[c.token_ids for c in g] for g in
+                                                        engine.generate(prompts, n=8, params=params)]
 
 
 def test_stop_string_cuts_the_text(tiny: LoadedModel, prompts: list[list[int]]) -> None:
@@ -227,25 +226,11 @@ def test_invalid_arguments(tiny: LoadedModel) -> None:
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k=0"):
+        SamplingParams(top_k=0)
     with pytest.raises(ValueError, match="kv_block_size=0"):
         EmbeddedEngine(tiny.model, tiny.tokenizer, kv_block_size=0)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="move the model"):
             EmbeddedEngine(tiny.model, tiny.tokenizer, device="cuda")
 
-
-def test_flat_cache_grows_and_reorders() -> None:
-    from transformers import Qwen2Config
-
-    config = Qwen2Config(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
-    cache = FlatCache(config, capacity=2)
-    keys = torch.arange(2 * 1 * 3 * 4, dtype=torch.float32).reshape(2, 1, 3, 4)
-    out_keys, _ = cache.update(keys, keys + 1, 0)
-    assert torch.equal(out_keys, keys) and cache.get_seq_length() == 3
-    step = torch.full((2, 1, 1, 4), -1.0)
-    out_keys, out_values = cache.update(step, step, 0)
-    assert torch.equal(out_keys[:, :, :3], keys) and torch.equal(out_keys[:, :, 3:], step)
-    cache.batch_select_indices(torch.tensor([1, 1, 0]))
-    assert torch.equal(cache.layers[0].keys[:, :, :3], keys[[1, 1, 0]])
-    cache.crop(-1)
-    assert cache.get_seq_length() == 3 and cache.layers[0].keys.shape == (3, 1, 3, 4)

@@ -6,6 +6,8 @@ logprobs are the target's; `rollout.speculative` is validated at config load."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from test_speculative import (
@@ -21,7 +23,6 @@ from tidal.config.schema import ModelConfig, RolloutConfig, TidalConfig
 from tidal.models import LoadedModel, load_model
 from tidal.rollout import EmbeddedEngine, SamplingParams, speculative_batch
 from tidal.rollout.engine import Request
-from tidal.rollout.speculative import Sampling
 from tidal.rollout.speculative_batch import Speculation
 from tidal.types import Completion
 
@@ -92,30 +93,29 @@ def test_a_seeded_sampled_row_equals_its_solo_run(tiny: LoadedModel, prompts: li
     _same([solo.complete(alone)], [busy.complete(joined)])
 
 
-def _first_three(model: torch.nn.Module, tokenizer: object, sampling: Sampling, samples: int) -> torch.Tensor:
+def _first_three(model: torch.nn.Module, tokenizer: object, sampling: SamplingParams, samples: int) -> torch.Tensor:
     """The first three tokens of `samples` seeded completions of one prompt, as one batched request."""
     engine = EmbeddedEngine(model, tokenizer, kv_block_size=4,  # type: ignore[arg-type]
                             speculative=Speculation(method="ngram", k=2, max_n=3, min_n=1))
-    params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, max_new_tokens=4,
-                            ignore_eos=True, seed=7)
+    params = replace(sampling, max_new_tokens=4, ignore_eos=True, seed=7)
     (group,) = engine.generate([[3, 7, 1, 3, 7, 1, 3, 7]], samples, params)
     stats = engine.speculative_stats
     assert stats is not None and 0 < stats.accepted < stats.drafted  # kept drafts, rejections and bonus tokens
     return torch.tensor([c.token_ids[:3] for c in group])
 
 
-def _p_values(outputs: torch.Tensor, model: torch.nn.Module, sampling: Sampling) -> list[float]:
+def _p_values(outputs: torch.Tensor, model: torch.nn.Module, sampling: SamplingParams) -> list[float]:
     joint, third = _exact_three_tokens(model, [3, 7, 1, 3, 7, 1, 3, 7], sampling)  # type: ignore[arg-type]
     pairs = torch.bincount(outputs[:, 0] * VOCAB + outputs[:, 1], minlength=VOCAB * VOCAB)
     return [chi_square_p_value(pairs, joint), chi_square_p_value(torch.bincount(outputs[:, 2], minlength=VOCAB), third)]
 
 
-@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.9, 0.9)])
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(1.0, 1.0, None), (0.9, 0.9, None), (1.0, 1.0, 5)])
 def test_batched_speculative_samples_have_the_target_distribution(tiny: LoadedModel, temperature: float,
-                                                                  top_p: float) -> None:
+                                                                  top_p: float, top_k: int | None) -> None:
     """1500 rows of one batch (k=2): the joint distribution of the first two tokens and the
     marginal of the third against the exact ones computed from the model."""
-    model, sampling = _peaked(0), Sampling(temperature, top_p)
+    model, sampling = _peaked(0), SamplingParams(temperature, top_p=top_p, top_k=top_k)
     p_values = _p_values(_first_three(model, tiny.tokenizer, sampling, 1500), model, sampling)
     assert min(p_values) > ALPHA, p_values
 
@@ -123,19 +123,19 @@ def test_batched_speculative_samples_have_the_target_distribution(tiny: LoadedMo
 def test_a_wrong_residual_fails_the_distribution_test(tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative control: after a rejection, sampling p itself (the rejected draft not removed) is biased."""
     monkeypatch.setattr(speculative_batch, "residual", lambda p, rejected: p)
-    model, sampling = _peaked(0), Sampling(0.9, 0.9)
+    model, sampling = _peaked(0), SamplingParams(0.9, top_p=0.9)
     p_values = _p_values(_first_three(model, tiny.tokenizer, sampling, 1500), model, sampling)
     assert min(p_values) < ALPHA, p_values
 
 
 def test_logprobs_are_the_targets_teacher_forced(tiny: LoadedModel) -> None:
-    model, sampling = _peaked(0), Sampling(0.7, 0.8)
+    model = _peaked(0)
     engine = EmbeddedEngine(model, tiny.tokenizer, kv_block_size=4, speculative=NGRAM)  # type: ignore[arg-type]
     prompt = [3, 7, 1, 3, 7, 1, 3, 7]
     params = SamplingParams(temperature=0.7, top_p=0.8, max_new_tokens=24, ignore_eos=True, seed=3)
     for completion in engine.generate([prompt], 4, params)[0]:
         logits = _target_logits(model, prompt + completion.token_ids)[len(prompt) - 1 : -1]
-        expected = sampling.log_probs(logits).gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1)
+        expected = torch.log_softmax(logits / 0.7, -1).gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1)
         torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-5, rtol=0)
     stats = engine.speculative_stats
     assert stats is not None and stats.accepted > 0
