@@ -117,3 +117,26 @@ def test_a_hack_or_a_collapse_of_a_few_tasks_domain_is_still_caught() -> None:
     verdict = guard.observe(12, {"reward/math": 1.0, "tasks/math": 5, "reward/code": 0.0, "tasks/code": 10}, [])
     assert {(f.detector, f.key) for f in verdict.findings} == {("reward_spike", "reward/math"),
                                                               ("reward_collapse", "reward/code")}
+
+
+def test_step_metrics_write_the_tasks_behind_each_domain_and_the_entropy_per_generated_token() -> None:
+    from tidal.pipeline.stages import step_metrics
+    from tidal.types import Completion, Episode, Group, Outcome, Score, Task
+
+    def group(task_id: str, domain: str, logprobs: list[list[float]], outcome: Outcome,
+              loss_mask: list[int] | None = None) -> Group:
+        task = Task.model_validate({"id": task_id, "domain": domain, "prompt": "p",
+                                    "verifier": {"name": "exact_match", "answer": "a"}})
+        episodes = [Episode(f"{task_id}/s{i}", task_id, domain, task_id,
+                            Completion([1], [7] * len(lp), lp, "a", "stop", 0, loss_mask),
+                            Score(1.0 if outcome is Outcome.PASSED else 0.0, outcome)) for i, lp in enumerate(logprobs)]
+        return Group(task, 0, episodes)
+
+    groups = [group("m/1", "math", [[-1.0, -3.0], [-2.0]], Outcome.PASSED),
+              group("m/2", "math", [[-2.0]], Outcome.FAILED),
+              group("m/3", "math", [[-2.0]], Outcome.INFRA_ERROR),  # not scored: not behind the reward
+              group("a/1", "agent", [[-4.0, 0.0, 0.0, -4.0]], Outcome.PASSED, loss_mask=[1, 0, 0, 1])]
+    metrics = step_metrics(groups, {})
+    assert metrics["tasks/math"] == 2 and metrics["tasks/agent"] == 1
+    # every generated token of every sample, tool tokens (loss mask 0) left out: (1+3+2+2+2+4+4) / 7
+    assert metrics["sampled_entropy"] == pytest.approx(18 / 7)
