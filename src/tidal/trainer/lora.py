@@ -62,6 +62,26 @@ def has_adapter(model: object) -> bool:
     return bool(lora_layers(model))
 
 
+def linear_layers(model: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    """(in, out) features of every linear layer of `model` but its LM head, by qualified name:
+    `nn.Linear`s and GPT-2's `Conv1D`s (a linear layer with its weight transposed). What
+    all-linear adapts. An MoE's experts are not among them: transformers 5 keeps each layer's
+    experts as one stacked parameter, not as linear layers."""
+    from transformers.pytorch_utils import Conv1D
+
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    layers = {}
+    for name, module in model.named_modules():
+        if module is head:
+            continue
+        if isinstance(module, torch.nn.Linear):
+            layers[name] = (module.in_features, module.out_features)
+        elif isinstance(module, Conv1D):
+            layers[name] = (module.nx, module.nf)
+    return layers
+
+
 def _head_name(model: torch.nn.Module) -> str | None:
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if get_head is not None else None
@@ -73,12 +93,16 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int | None = None)
     `model`. `seed`, when given, draws the adapter's initial A matrices from it (B starts at 0, so
     the adapted model starts as the base) without touching the global generator: a resumed run
     gets the same adapter as an uninterrupted one. Raises ValueError when no module matches `cfg.target_modules`, when the targets name
-    the LM head while it is tied to the input embeddings, or when `model` already has an adapter."""
+    the LM head while it is tied to the input embeddings, when they reach an MoE's stacked expert or
+    router parameters, or when `model` already has an adapter."""
     import peft
+    from peft.tuners.lora import ParamWrapper  # a LoRA on a stacked parameter (an MoE layer's experts)
 
     if has_adapter(model):
         raise ValueError(f"{type(model).__name__} already carries a LoRA adapter; apply trainer.lora once")
-    targets: str | list[str] = "all-linear" if cfg.target_modules == "all-linear" else list(cfg.target_modules)
+    # all-linear by name: given the word, peft (on transformers 5) also wraps an MoE's stacked expert
+    # parameters and its routers, which the merged weights (`merged_state_dict`) cannot express.
+    targets: str | list[str] = sorted(linear_layers(model)) if cfg.target_modules == "all-linear" else list(cfg.target_modules)
     head = _head_name(model)
     tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
     if head is not None and tied and isinstance(targets, list):
@@ -94,10 +118,16 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int | None = None)
                 torch.manual_seed(seed)
             peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     except ValueError as error:
-        raise ValueError(f"trainer.lora.target_modules={targets!r}: {error}") from error
+        raise ValueError(f"trainer.lora.target_modules={cfg.target_modules!r}: {error}") from error
     layers = lora_layers(model)
     if not layers:
-        raise ValueError(f"trainer.lora.target_modules={targets!r} matched no module of {type(model).__name__}")
+        raise ValueError(f"trainer.lora.target_modules={cfg.target_modules!r} matched no module of {type(model).__name__}")
+    parameters = sorted(name for name, layer in layers.items() if isinstance(layer, ParamWrapper))
+    if parameters:
+        raise ValueError(
+            f"trainer.lora.target_modules={cfg.target_modules!r} reach {', '.join(parameters[:3])}: MoE experts or "
+            "routers, which transformers 5 keeps as stacked parameters, not linear layers; tidal's LoRA adapts linear "
+            "layers only (all-linear takes every one but the LM head), so leave these names out")
     prefixes = _adapter_prefixes(layers)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(name.startswith(prefixes))

@@ -74,6 +74,7 @@ import torch
 from tidal.algos.advantages import needs_critic
 from tidal.config.schema import TidalConfig, TrainerConfig
 from tidal.trainer.logprobs import split_model
+from tidal.trainer.lora import linear_layers
 from tidal.trainer.memory import (
     HEAD_COPIES,
     STATE_BYTES,
@@ -135,8 +136,7 @@ def shape_of(model: torch.nn.Module) -> ModelShape:
     head_dim = int(getattr(text, "head_dim", None) or dims.hidden // dims.heads)
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
-    linears = tuple((name, m.in_features, m.out_features) for name, m in model.named_modules()
-                    if isinstance(m, torch.nn.Linear) and m is not head)
+    linears = tuple((name, i, o) for name, (i, o) in linear_layers(model).items())  # GPT-2's Conv1D too
     head_size = head.in_features * head.out_features if isinstance(head, torch.nn.Linear) else dims.hidden * dims.vocab
     parameters = sum(p.numel() for p in model.parameters())
     layer_sizes = [sum(p.numel() for p in layer.parameters()) for layer in decoder_layers(model)]

@@ -140,3 +140,12 @@ def test_step_metrics_write_the_tasks_behind_each_domain_and_the_entropy_per_gen
     assert metrics["tasks/math"] == 2 and metrics["tasks/agent"] == 1
     # every generated token of every sample, tool tokens (loss mask 0) left out: (1+3+2+2+2+4+4) / 7
     assert metrics["sampled_entropy"] == pytest.approx(18 / 7)
+
+
+def test_the_reward_alarms_of_the_healthy_quickstart_in_issue_48_are_within_the_noise() -> None:
+    # math at 0.025 -> 0.575 over its 5 tasks a step, code at 0.76 -> 0.22 over 10: the old
+    # median-and-MAD baseline called them a hack and a collapse
+    guard = Guard(GuardConfig())
+    calm = {"reward/math": 0.025, "tasks/math": 5, "reward/code": 0.76, "tasks/code": 10}
+    assert not _findings(guard, [calm] * 8)
+    assert not guard.observe(9, {"reward/math": 0.575, "tasks/math": 5, "reward/code": 0.22, "tasks/code": 10}, []).findings
