@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
@@ -84,7 +84,7 @@ class _Routing:
                         if type(module).__name__.endswith("TopKRouter")]
         assert self.handles, f"no router in {type(model).__name__}"
 
-    def _hook(self, name: str):  # noqa: ANN202
+    def _hook(self, name: str) -> Callable[..., None]:
         def record(module: torch.nn.Module, args: object, output: tuple[torch.Tensor, ...]) -> None:
             self.calls.setdefault(name, []).append(output[2].detach().clone())  # (tokens, top_k) expert indices
         return record
