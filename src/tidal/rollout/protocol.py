@@ -40,7 +40,15 @@ class RolloutEngine(Protocol):
         ...
 
     def update_weights(self, state_dict: dict[str, Tensor] | None, version: int) -> None:
-        """Load new policy weights (None: already shared with the trainer) and set the version."""
+        """Make `version` current with these weights: `state_dict` holds all or some of the model's
+        tensors, by their names in `model.state_dict()`; None means the engine samples from the
+        trainer's own model object, which already holds them (an engine with a copy of its own
+        raises TypeError). Names the model lacks or shapes it does not have are refused before
+        `version` becomes current (ValueError in process; the server's answer as an error over HTTP).
+        Nothing sampled after the call uses the old weights' KV (the prefix cache is emptied);
+        completions already running keep the version they started with. The one implementation per
+        engine: `EmbeddedEngine.update_weights` copies into its model, `HttpEngine.update_weights`
+        sends to its server (checksummed, `load_weights`)."""
         ...
 
 
@@ -62,7 +70,7 @@ class LoadsWeights(Protocol):
 
 @runtime_checkable
 class ReportsMetrics(Protocol):
-    """An engine with counters of its own for the run's metrics rows: the paged engine's prefix
-    cache and preemptions, the speculative engine's acceptance, the HTTP engine's requests."""
+    """An engine with counters of its own for the run's metrics rows: the embedded engine's prefix
+    cache, preemptions and speculative acceptance, the HTTP engine's requests."""
 
     def run_metrics(self) -> dict[str, float]: ...
