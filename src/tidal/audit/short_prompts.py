@@ -22,7 +22,8 @@ functions (the names the reference defines and the tests import) and the tests h
 assertions' constants (at least `MIN_ASSERTIONS`): `clamp01(-2) == 0`, `clamp01(0.5) == 0.5`.
 
 Solutions index the entries, so a task is compared only with the earlier tasks of the same
-solution (a few per key in a templated family) and memory stays a few hundred bytes a task.
+solution (a few per key in a templated family); a short prompt keeps its normalised text, numbers
+and content words, a few hundred bytes.
 """
 
 from __future__ import annotations
@@ -57,11 +58,13 @@ class ShortMatch:
 
 @dataclass(frozen=True)
 class _Entry:
+    """What a short prompt keeps: its normalised text (words and 3-grams are made from it for the
+    few candidates that share its solution and numbers), numbers and content words."""
+
     task_id: str
     split: str
+    text: str
     numbers: tuple[str, ...]
-    words: frozenset[str]
-    grams: frozenset[str]
     content: frozenset[str]
 
 
@@ -70,15 +73,18 @@ def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
 
 
 def _grams(text: str) -> frozenset[str]:
-    flat = " ".join(WORD.findall(text))
-    return frozenset(flat[i:i + CHAR_GRAM] for i in range(max(len(flat) - CHAR_GRAM + 1, 1)))
+    return frozenset(text[i:i + CHAR_GRAM] for i in range(max(len(text) - CHAR_GRAM + 1, 1)))
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(stem(w) for w in WORD.findall(text))
 
 
 def similarity(a: _Entry, b: _Entry) -> float:
     """The largest of word, character 3-gram and content-word containment similarity."""
     smaller = min(len(a.content), len(b.content))
     containment = len(a.content & b.content) / smaller if smaller >= 2 else 0.0
-    return max(_jaccard(a.words, b.words), _jaccard(a.grams, b.grams), containment)
+    return max(_jaccard(_words(a.text), _words(b.text)), _jaccard(_grams(a.text), _grams(b.text)), containment)
 
 
 def code_key(task: Task) -> str | None:
@@ -100,12 +106,10 @@ class ShortPromptIndex:
     code: dict[str, list[tuple[str, str]]] = field(default_factory=lambda: defaultdict(list))
 
     def entry(self, task: Task, prompt: str) -> _Entry | None:
-        text = unicodedata.normalize("NFKC", prompt).casefold()
-        words = WORD.findall(text)
+        words = WORD.findall(unicodedata.normalize("NFKC", prompt).casefold())
         if len(words) > SHORT_WORDS:
             return None
-        return _Entry(task.id, task.split, numbers(prompt), frozenset(stem(w) for w in words), _grams(text),
-                      frozenset(content_words(prompt)))
+        return _Entry(task.id, task.split, " ".join(words), numbers(prompt), frozenset(content_words(prompt)))
 
     def match(self, task: Task, prompt: str, keys: frozenset[str]) -> ShortMatch | None:
         """The most similar earlier task of another split that this one restates, if any."""
