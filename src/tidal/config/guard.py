@@ -83,7 +83,7 @@ class GuardConfig(_Section):
     heldout_regression: DetectorConfig = _detector(min_delta=0.1, warmup=1)  # type: ignore[assignment]
     tamper_rate: DetectorConfig = _detector(z=4.0, min_delta=0.1)  # type: ignore[assignment]
     length_blowup: DetectorConfig = _detector(z=6.0, ratio=2.0)  # type: ignore[assignment]
-    throughput_drop: DetectorConfig = _detector(z=6.0, ratio=0.3)  # type: ignore[assignment]
+    throughput_drop: DetectorConfig = _detector(z=6.0, ratio=0.1, window=16, warmup=8)  # type: ignore[assignment]
     infra_errors: DetectorConfig = _detector(z=4.0, min_delta=0.2)  # type: ignore[assignment]
 
     def detectors(self) -> dict[str, DetectorConfig]:

@@ -41,20 +41,20 @@ def test_each_detector_fires_on_its_own_signal_with_a_reason_and_the_blamed_step
     calm = {"reward/math": 0.2, "reward/code": 0.1, "entropy": 2.0, "kl": 0.01, "approx_kl": 0.001, "grad_norm": 1.0,
             "rate/tampered": 0.0, "mean_completion_length": 30.0, "tokens_per_s": 100.0, "rate/infra_error": 0.0,
             "loss": 0.1, "skipped": 0.0}
-    for index, row in enumerate([calm] * 5, start=1):
+    for index, row in enumerate([calm] * 8, start=1):
         assert not guard.observe(index, dict(row), []).findings
     bad = {"reward/math": 0.95, "reward/code": 0.1, "entropy": 0.5, "kl": 0.5, "approx_kl": 0.2, "grad_norm": 40.0,
-           "rate/tampered": 0.5, "mean_completion_length": 90.0, "tokens_per_s": 10.0, "rate/infra_error": 0.6,
+           "rate/tampered": 0.5, "mean_completion_length": 90.0, "tokens_per_s": 5.0, "rate/infra_error": 0.6,
            "loss": math.nan, "skipped": 1.0}
-    verdict = guard.observe(6, bad, [])
+    verdict = guard.observe(9, bad, [])
     fired = {f.detector: f for f in verdict.findings}
     assert set(fired) == {"nonfinite", "reward_spike", "entropy_collapse", "kl_drift", "mismatch_kl", "grad_spike",
                           "tamper_rate", "length_blowup", "throughput_drop", "infra_errors"}
-    assert fired["reward_spike"].domain == "math" and fired["reward_spike"].blamed_step == 6  # a data signal
-    assert fired["grad_spike"].blamed_step == 5 and fired["grad_spike"].baseline == 1.0  # the weights before
+    assert fired["reward_spike"].domain == "math" and fired["reward_spike"].blamed_step == 9  # a data signal
+    assert fired["grad_spike"].blamed_step == 8 and fired["grad_spike"].baseline == 1.0  # the weights before
     assert "grad_norm rose to 40" in fired["grad_spike"].reason
-    # the defaults: nonfinite and grad_spike roll back (to before the update that row 6 blames), the rest alert
-    assert verdict.actions == {"alert", "rollback"} and verdict.rollback_before == 5
+    # the defaults: nonfinite and grad_spike roll back (to before the update that row 9 blames), the rest alert
+    assert verdict.actions == {"alert", "rollback"} and verdict.rollback_before == 8
 
 
 def test_reward_collapse_per_domain_and_entropy_explosion() -> None:
