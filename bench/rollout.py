@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_md import command_line, write_section  # noqa: E402
+from results_md import command_line, write_section
 
 SECTION = "## Rollout"
 SIDES = ("hf_generate", "hf_generate_batch", "embedded", "embedded_bf16")
@@ -78,7 +78,6 @@ def interleaved(runs: dict[str, Callable[[bool], int]], repeats: int) -> tuple[d
 def sides(args: argparse.Namespace, model: object, tokenizer: object) -> dict[str, Callable[[bool], int]]:
     """Each side as `run(warm_up) -> tokens generated`."""
     import torch
-
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 

@@ -28,7 +28,12 @@ from tidal.errors import PreemptedError
 from tidal.rollout.blocks import BlockPool, PoolStats
 from tidal.rollout.cuda_graphs import StaticDecode, decode_forward, graphs_available
 from tidal.rollout.modules import ModuleDecoder, pick_forward
-from tidal.rollout.paged import SUPPORTED, DecodeView, PagedDecoder, StepInput, matmul_rate
+from tidal.rollout.paged import (
+    DecodeView,
+    PagedDecoder,
+    StepInput,
+    matmul_rate,
+)
 from tidal.rollout.sampling import (
     Cancel,
     SamplingParams,
@@ -38,7 +43,11 @@ from tidal.rollout.sampling import (
     eos_ids,
 )
 from tidal.rollout.scheduler import KVPoolTooSmall, Request, RequestHandle, Scheduler
-from tidal.rollout.speculative_batch import BatchSpeculation, Speculation, SpeculativeStats
+from tidal.rollout.speculative_batch import (
+    BatchSpeculation,
+    Speculation,
+    SpeculativeStats,
+)
 from tidal.types import Completion
 
 if TYPE_CHECKING:

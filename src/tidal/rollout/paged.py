@@ -31,7 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tidal.rollout.attention import PagedAttention, VerifyLayout, chunk_mask, length_mask  # noqa: F401
+from tidal.rollout.attention import (  # noqa: F401
+    PagedAttention,
+    VerifyLayout,
+    chunk_mask,
+    length_mask,
+)
 from tidal.rollout.blocks import BlockPool
 
 Projection = Callable[[Tensor], Tensor]
