@@ -27,6 +27,7 @@ bench/RESULTS.md; the last line printed is `embedded / hf_generate = N.NNx`.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shlex
 import statistics
@@ -39,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_md import command_line, write_section
 
 SECTION = "## Rollout"
-SIDES = ("hf_generate", "hf_generate_batch", "embedded", "embedded_bf16")
+SIDES = ("hf_generate", "hf_generate_batch", "embedded", "embedded_generic", "embedded_bf16")
+RANDOM_QWEN3 = "qwen3-random"  # a random-weight Qwen3 of SmolLM2-135M's shape: the generic forward's bench model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, nargs="*", default=[1], help="torch CPU thread counts (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init, the prompts and sampling")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where every side runs (default cpu)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=SIDES[1:], help="sides not to run (shown as -)")
     parser.add_argument("--profile", action="store_true", help="print the top ops of one embedded call per model")
     parser.add_argument("--results", type=Path, default=Path(__file__).with_name("RESULTS.md"), help="file to update")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
@@ -130,11 +133,19 @@ def sides(args: argparse.Namespace, model: object, tokenizer: object) -> dict[st
 
         return run
 
+    from tidal.rollout.modules import pick_forward
+
+    generic = engine(lambda: EmbeddedEngine(model, tokenizer, args.device, forward="generic"))
+    if pick_forward(model) == "llama":  # sampling in bf16 from the fp32 weights (cast copies)
+        bf16 = engine(lambda: EmbeddedEngine(model, tokenizer, args.device, dtype="bfloat16"))
+    else:  # the generic forward computes in the model's dtype: a bf16 copy of the model
+        bf16 = engine(lambda: EmbeddedEngine(copy.deepcopy(model).to(torch.bfloat16), tokenizer, args.device))
     return {
         "hf_generate": hugging_face,
         "hf_generate_batch": hugging_face_batch,
         "embedded": engine(lambda: EmbeddedEngine(model, tokenizer, args.device)),
-        "embedded_bf16": engine(lambda: EmbeddedEngine(model, tokenizer, args.device, dtype="bfloat16")),
+        "embedded_generic": generic,
+        "embedded_bf16": bf16,
     }
 
 
@@ -154,32 +165,58 @@ def bounds(args: argparse.Namespace, model: object) -> dict[str, float]:
     }
 
 
+def load(path: str, args: argparse.Namespace) -> tuple[object, object]:
+    """The model and tokenizer `path` names: tiny, a folder, or RANDOM_QWEN3 (SmolLM2's shape and
+    tokenizer, from the model cache, with random weights)."""
+    from tidal.config.schema import ModelConfig
+    from tidal.models import load_model
+
+    if path != RANDOM_QWEN3:
+        loaded = load_model(ModelConfig(path=os.path.expanduser(path), device=args.device, seed=args.seed))
+        return loaded.model.eval(), loaded.tokenizer
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tidal.models.random_init import random_config
+
+    folder = Path(os.environ.get("SMOLLM2", "~/.cache/tidal/models/smollm2")).expanduser()
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)  # `tidal model fetch smollm2` first
+    config = random_config("qwen3", len(tokenizer), hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536,
+                           special={"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id})
+    config.tie_word_embeddings, config.head_dim = True, 64
+    torch.manual_seed(args.seed)
+    return AutoModelForCausalLM.from_config(config).to(args.device).eval(), tokenizer
+
+
 def compare(args: argparse.Namespace) -> list[dict[str, object]]:
     import torch
 
-    from tidal.config.schema import ModelConfig
-    from tidal.models import count_parameters, load_model
+    from tidal.models import count_parameters
 
     rows: list[dict[str, object]] = []
     for path in args.model:
-        loaded = load_model(ModelConfig(path=os.path.expanduser(path), device=args.device, seed=args.seed))
-        model, tokenizer = loaded.model.eval(), loaded.tokenizer
-        name = "tiny" if path == "tiny" else Path(path).name
+        model, tokenizer = load(path, args)
+        name = Path(path).name if os.path.isdir(os.path.expanduser(path)) else path
         print(f"model {name}: {type(model).__name__}, {count_parameters(model) / 1e6:.1f}M parameters, vocab {len(tokenizer)}")
-        runs = sides(args, model, tokenizer)
+        runs = {side: run for side, run in sides(args, model, tokenizer).items() if side not in args.skip}
         expected = args.prompts * args.samples * args.new_tokens
         for threads in args.threads if args.device == "cpu" else [torch.get_num_threads()]:
             torch.set_num_threads(threads)
             bound = bounds(args, model)
             seconds, tokens = interleaved(runs, args.repeats)
-            row: dict[str, object] = {"model": name, "threads": threads, **bound}
+            from tidal.rollout.modules import pick_forward
+
+            row: dict[str, object] = {"model": name, "forward": pick_forward(model), "threads": threads, **bound}
             for side in SIDES:
+                if side not in runs:
+                    row[side] = row[f"{side}_ratio"] = float("nan")
+                    continue
                 if tokens[side] != expected:
                     raise SystemExit(f"{side} generated {tokens[side]} tokens, expected {expected}")
                 row[side] = expected / statistics.median(seconds[side])
                 print(f"{name} threads={threads} {side:14s} {row[side]:8.0f} tokens/s")
             # The ratio of each round's pair of runs, then the median: robust to load that drifts.
-            for side in SIDES[1:]:
+            for side in [s for s in SIDES[1:] if s in runs]:
                 row[f"{side}_ratio"] = statistics.median(h / e for h, e in zip(seconds["hf_generate"], seconds[side]))
             print(f"{name} threads={threads} matmul bound fp32 {bound['fp32'] / bound['flop_per_token']:.0f} tok/s, "
                   f"bf16 {bound['bf16'] / bound['flop_per_token']:.0f} tok/s; generate_batch / hf = "
@@ -225,16 +262,18 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]]) -> str:
         "",
         command_line(command, *versions),
         "",
-        ("| model | threads | HF (tok/s) | HF batch (tok/s) | embedded fp32 (tok/s) | embedded bf16 (tok/s) | HF batch / HF "
-         "| **embedded / HF** | bf16 / HF | bound fp32 / bf16 (tok/s) | % of bound: HF, embedded, bf16 |"),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ("| model | forward | threads | HF (tok/s) | HF batch (tok/s) | embedded fp32 (tok/s) | generic fp32 (tok/s) "
+         "| embedded bf16 (tok/s) | HF batch / HF | **embedded / HF** | generic / HF | bf16 / HF "
+         "| bound fp32 / bf16 (tok/s) | % of bound: HF, embedded, bf16 |"),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         fp32, bf16 = row["fp32"] / row["flop_per_token"], row["bf16"] / row["flop_per_token"]  # type: ignore[operator]
         lines.append(
-            f"| {row['model']} | {row['threads']} | {row['hf_generate']:.0f} | {row['hf_generate_batch']:.0f} "
-            f"| {row['embedded']:.0f} | {row['embedded_bf16']:.0f} | {row['hf_generate_batch_ratio']:.2f}x "
-            f"| **{row['embedded_ratio']:.2f}x** "
+            f"| {row['model']} | {row['forward']} | {row['threads']} | {row['hf_generate']:.0f} "
+            f"| {row['hf_generate_batch']:.0f} | {row['embedded']:.0f} | {row['embedded_generic']:.0f} "
+            f"| {row['embedded_bf16']:.0f} | {row['hf_generate_batch_ratio']:.2f}x "
+            f"| **{row['embedded_ratio']:.2f}x** | {row['embedded_generic_ratio']:.2f}x "
             f"| {row['embedded_bf16_ratio']:.2f}x | {fp32:.0f} / {bf16:.0f} | {100 * row['hf_generate'] / fp32:.0f}%, "
             f"{100 * row['embedded'] / fp32:.0f}%, {100 * row['embedded_bf16'] / bf16:.0f}% |"
         )
