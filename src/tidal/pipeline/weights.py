@@ -97,19 +97,17 @@ def publish(model: torch.nn.Module, version: int, ids: list[int], adapter_only: 
 
 
 class EmbeddedWeights:
-    """`LoadsWeights` for an embedded engine (rollout/engine.py), which does not implement it
-    itself yet: loads through its `update_weights` and checks its model's tensors and canary."""
+    """`LoadsWeights` for an embedded engine (rollout/engine.py): loads through its
+    `load_verified`, says which tensors differ on a mismatch, and reads its model's canary."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int, checksum: str) -> None:
         engine = self.engine
-        engine.weight_version = UNLOADED  # until verified
-        engine.update_weights(state, version=UNLOADED)
-        own = engine.model.state_dict()
-        loaded = state_checksum({name: own[name] for name in state})
+        loaded = engine.load_verified(state, version, checksum)
         if loaded != checksum:
+            own = engine.model.state_dict()
             differing = [
                 name for name, tensor in state.items() if state_checksum({name: own[name]}) != state_checksum({name: tensor})
             ]
@@ -120,7 +118,6 @@ class EmbeddedWeights:
                 f"weight version {version}: checksum mismatch (loaded {loaded[:12]}, published "
                 f"{checksum[:12]}); {where}. Refusing to generate with these weights"
             )
-        engine.weight_version = version
 
     def sequence_logprobs(self, ids: list[int]) -> list[float]:
         return canary_logprobs(self.engine.model, ids).tolist()

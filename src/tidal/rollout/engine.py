@@ -26,6 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tidal.errors import PreemptedError
 from tidal.rollout.blocks import BlockPool, PoolStats
+from tidal.rollout.checksum import state_checksum
 from tidal.rollout.cuda_graphs import StaticDecode, decode_forward, graphs_available
 from tidal.rollout.modules import ModuleDecoder, pick_forward
 from tidal.rollout.paged import (
@@ -34,6 +35,7 @@ from tidal.rollout.paged import (
     StepInput,
     matmul_rate,
 )
+from tidal.rollout.protocol import UNLOADED
 from tidal.rollout.sampling import (
     Cancel,
     SamplingParams,
@@ -247,6 +249,20 @@ class EmbeddedEngine:
             self.weight_version = version
             if self._forward_pass.dtype != self.model.get_input_embeddings().weight.dtype:
                 self._forward_pass = self._new_forward()  # its cast copies, anew
+
+    def load_verified(self, state_dict: dict[str, Tensor], version: int, checksum: str) -> str:
+        """`update_weights` of a checksummed publication: the version is UNLOADED (generation
+        refused by the callers that check it) while the tensors are copied, then `version` only
+        when the checksum of what the model now holds is `checksum`. Returns that checksum; on a
+        mismatch the version stays UNLOADED. The one load path of the pipeline and the server."""
+        with self._lock:
+            self.weight_version = UNLOADED
+            self.update_weights(state_dict, version=UNLOADED)
+            own = self.model.state_dict()
+            loaded = state_checksum({name: own[name] for name in state_dict})
+            if loaded == checksum:
+                self.weight_version = version
+            return loaded
 
     # ---------------------------------------------------------------- whole calls
 

@@ -33,7 +33,6 @@ import torch
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from tidal.rollout.checksum import state_checksum
 from tidal.rollout.protocol import UNLOADED
 from tidal.serve.schemas import ApiError
 
@@ -94,16 +93,14 @@ def _install(updates: WeightUpdates, engine: Any, tensors: dict[str, torch.Tenso
     """Copy `tensors` into the model (no generation meanwhile), hash what the model now holds and,
     when that is `checksum`, make `version` current (before any generation sees the new weights)."""
     with updates.lock:
-        engine.weight_version = UNLOADED  # until the checksum is confirmed: generation is refused
         updates.checksum = None
-        try:
-            engine.update_weights(tensors, version=UNLOADED)
+        try:  # UNLOADED (generation refused) until the checksum is confirmed
+            loaded = engine.load_verified(tensors, version, checksum)
         except ValueError as error:  # unknown names or shapes: nothing (or part) was copied
+            engine.weight_version = UNLOADED
             raise ApiError(400, f"weight version {version}: {error}", code="invalid_weights") from None
-        own = engine.model.state_dict()
-        loaded = state_checksum({name: own[name] for name in tensors})
         if loaded == checksum:
-            engine.weight_version, updates.checksum = version, loaded
+            updates.checksum = loaded
         return loaded
 
 
