@@ -82,9 +82,12 @@ def format_plan(record: dict[str, Any]) -> list[str]:
                  f"{_size(record['activations_with_checkpointing_flipped_bytes'])}")
     if record.get("throughput"):
         t = record["throughput"]
-        lines.append(f"step: {t['sampling_gflop']:.1f} GFLOP sampling + {t['logprob_gflop']:.1f} log-prob passes + "
-                     f"{t['update_gflop']:.1f} update at {t['matmul_gflops']} GFLOP/s ({t['rate_source']}): about "
-                     f"{t['expected_step_seconds']:.2f} s a step, {t['completions_per_second']} completions/s "
+        how = "at once (async)" if t["overlapped"] else "one after the other"
+        lines.append(f"step: at most {t['sampling_gflop']:.1f} GFLOP sampling at {t['sampling_matmul_gflops']} GFLOP/s + "
+                     f"{t['logprob_gflop']:.1f} log-prob passes + {t['update_gflop']:.1f} update at {t['matmul_gflops']} "
+                     f"GFLOP/s ({t['rate_source']}); expected: sampling {t['sampling_seconds']:.1f} s and the update "
+                     f"{t['update_seconds']:.1f} s {how}, scoring {t['scoring_cpu_seconds']:.1f} CPU s: about "
+                     f"{t['expected_step_seconds']:.1f} s a step, {t['completions_per_second']} completions/s "
                      f"(at least {t['seconds_at_matmul_rate']:.2f} s at the full matmul rate)")
     lines.append(f"fits: {'yes' if record['fits'] else 'no'}")
     lines.append("assumptions:")

@@ -13,6 +13,7 @@ which every engine of the run is then built with.
 from __future__ import annotations
 
 import math
+import random
 import re
 import time
 from pathlib import Path
@@ -32,17 +33,19 @@ from tidal.trainer.plan import (
     GIB,
     Capacity,
     MatmulRate,
+    Overlap,
     PlanInputError,
     RunPlan,
     Workload,
     plan_run,
     shape_of,
 )
-from tidal.trainer.precision import matmul_rates
 from tidal.types import Task, is_multi_turn
 
 LONGEST_CANDIDATES = 32  # prompts rendered to find the longest: the longest by characters
 RATE_TOKENS = 2048  # rows of the CPU's matmul probe: enough that the call's overhead does not count
+RATE_REPEATS = 5
+TYPICAL_SAMPLE = 64  # tasks rendered for the step time's typical prompt and answer
 
 
 def _longest(tokenizer: Any, tasks: list[Task], with_reference: bool = False) -> int:
@@ -61,10 +64,36 @@ def _longest(tokenizer: Any, tasks: list[Task], with_reference: bool = False) ->
     return longest
 
 
+def _typical(tokenizer: Any, tasks: list[Task]) -> tuple[int, int]:
+    """(mean prompt tokens, mean reference answer tokens + eos) of up to TYPICAL_SAMPLE of `tasks`
+    (0 for the answer where none has a reference): what the step time expects a row to hold, where
+    the memory plan takes the longest."""
+    sample = random.Random(0).sample(tasks, min(TYPICAL_SAMPLE, len(tasks)))
+    if not sample:
+        return 0, 0
+    prompts = [len(render_prompt(tokenizer, task.messages())) for task in sample]
+    answers = [len(tokenizer.encode(reference_answer(task), add_special_tokens=False)) + 1
+               for task in sample if task.reference is not None]
+    return round(sum(prompts) / len(prompts)), round(sum(answers) / len(answers)) if answers else 0
+
+
+def sandboxed_share(cfg: TidalConfig, train_by_domain: dict[str, list[Task]]) -> float:
+    """The share of the train tasks a step draws (domains by weight) that a sandbox scores."""
+    from tidal.reward.registry import needs_sandbox
+
+    weights = {name: cfg.tasks.domains[name].weight if name in cfg.tasks.domains else 0.0 for name in train_by_domain}
+    total = sum(weight for name, weight in weights.items() if train_by_domain[name])
+    if total <= 0:
+        return 0.0
+    return sum(weights[name] * sum(needs_sandbox(t.verifier.name) for t in tasks) / len(tasks)
+               for name, tasks in train_by_domain.items() if tasks) / total
+
+
 def workload_of(cfg: TidalConfig, tokenizer: Any, device: torch.device, train: list[Task],
-                evaluation: list[Task]) -> Workload:
+                evaluation: list[Task], sandboxed: float = 0.0) -> Workload:
     """What a step of `cfg` processes: its tasks' longest prompt and the rows of an engine batch.
-    `train` and `evaluation` are its tasks (`pipeline.run.build_tasks`, which the caller runs)."""
+    `train` and `evaluation` are its tasks (`pipeline.run.build_tasks`, which the caller runs);
+    `sandboxed`: `sandboxed_share`."""
     single = [task for task in [*train, *evaluation] if not is_multi_turn(task)]
     prompt = _longest(tokenizer, single)
     rollout = cfg.rollout
@@ -76,11 +105,13 @@ def workload_of(cfg: TidalConfig, tokenizer: Any, device: torch.device, train: l
         sequence = max(sequence, rollout.agent_max_tokens)
         rows = max(rows, rollout.agent_concurrency)
     cap = CPU_BATCH_ROWS if device.type == "cpu" else ACCELERATOR_BATCH_ROWS  # the engine's max_batch_rows
+    mean_prompt, expected_completion = _typical(tokenizer, [task for task in train if not is_multi_turn(task)])
     warm = 0
     if cfg.warm_start.enabled and cfg.warm_start.steps:
         warm = _longest(tokenizer, [task for task in train if task.reference is not None], with_reference=True)
     return Workload(prompt_tokens=prompt, sequence_tokens=sequence, generation_rows=min(rows, cap),
-                    eval_rows=min(eval_rows, cap), warm_start_tokens=warm)
+                    eval_rows=min(eval_rows, cap), warm_start_tokens=warm, sandboxed_share=sandboxed,
+                    mean_prompt_tokens=mean_prompt, expected_completion_tokens=expected_completion)
 
 
 def _own_resident_set() -> int:
@@ -109,14 +140,40 @@ def measure_capacity(device: torch.device) -> Capacity:
                     source=f"{source}; CUDA: free device memory of {total / GIB:.1f} GiB")
 
 
-def measure_rate(plan_precision: str, hidden: int, intermediate: int, device: torch.device) -> MatmulRate:
-    """GFLOP/s of one (RATE_TOKENS, hidden) @ (hidden, intermediate) matmul in the trainer's precision,
-    timed briefly on `device` (trainer/precision.py's probe on a CPU)."""
+def _cpu_seconds(run: Any, repeats: int) -> float:
+    """The least CPU time per thread one `run()` took, of `repeats` (after one untimed): on a
+    machine busy with other work torch's threads get a share of the cores, and the wall clock
+    counts the waiting, but the CPU time each thread spent is what it needs on a core of its own."""
+    threads = torch.get_num_threads()
+    run()
+    best = math.inf
+    for _ in range(repeats):
+        began = time.process_time()
+        run()
+        best = min(best, (time.process_time() - began) / threads)
+    return max(best, 1e-9)
+
+
+def measure_rate(plan_precision: str, hidden: int, intermediate: int, device: torch.device,
+                 sampling_dtype: str = "model") -> MatmulRate:
+    """GFLOP/s of one (RATE_TOKENS, hidden) @ (hidden, intermediate) matmul in the trainer's precision
+    and in the engine's dtype (`rollout.engine_dtype`: fp32 unless bfloat16), timed briefly on
+    `device`. On a CPU from the CPU time of the best of RATE_REPEATS (`_cpu_seconds`), so that a
+    busy machine gives about the rate of an idle one."""
     if device.type != "cuda":
-        fp32, bf16 = matmul_rates(RATE_TOKENS, hidden, intermediate, torch.get_num_threads())
-        rate = bf16 if plan_precision == "bf16" else fp32
-        return MatmulRate(rate, f"measured: {RATE_TOKENS}x{hidden}x{intermediate} {plan_precision} matmul, "
-                                f"{torch.get_num_threads()} threads")
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(RATE_TOKENS, hidden, generator=generator)
+        w = torch.randn(hidden, intermediate, generator=generator)
+        w16 = w.to(torch.bfloat16)
+        flops = 2.0 * RATE_TOKENS * hidden * intermediate
+        with torch.no_grad():
+            fp32 = flops / _cpu_seconds(lambda: x @ w, RATE_REPEATS) / 1e9
+            # As autocast does: the activation cast each time, the weight once.
+            bf16 = flops / _cpu_seconds(lambda: x.to(torch.bfloat16) @ w16, RATE_REPEATS) / 1e9 if (
+                plan_precision == "bf16" or sampling_dtype == "bfloat16") else fp32
+        return MatmulRate(bf16 if plan_precision == "bf16" else fp32,
+                          f"measured: {RATE_TOKENS}x{hidden}x{intermediate} matmul, {torch.get_num_threads()} threads, "
+                          f"best of {RATE_REPEATS} by CPU time", sampling_gflops=bf16 if sampling_dtype == "bfloat16" else fp32)
     dtype = torch.bfloat16 if plan_precision == "bf16" else torch.float32
     tokens = 8192  # enough rows to fill the device
     x = torch.randn(tokens, hidden, device=device, dtype=dtype)
@@ -133,6 +190,20 @@ def measure_rate(plan_precision: str, hidden: int, intermediate: int, device: to
                       f"measured: {tokens}x{hidden}x{intermediate} {plan_precision} matmul on {device}")
 
 
+def overlap_of(cfg: TidalConfig, device: torch.device) -> Overlap | None:
+    """The thread shares async rollout workers and the trainer run with at once on a CPU (None:
+    sync, or an accelerator): the local backend's split of torch's threads, scaled down where they
+    outnumber them."""
+    if cfg.pipeline.mode != "async" or device.type != "cpu":
+        return None
+    from tidal.pipeline.backends.local import cpu_thread_split
+
+    total, workers = torch.get_num_threads(), cfg.pipeline.rollout_workers
+    trainer, each = cpu_thread_split(total, workers, cfg.pipeline.rollout_threads, cfg.pipeline.trainer_threads)
+    scale = min(1.0, total / (trainer + each * workers))
+    return Overlap(sampling_share=min(1.0, each * workers * scale / total), update_share=trainer * scale / total)
+
+
 def plan_config(cfg: TidalConfig, tasks: tuple[dict[str, list[Task]], list[Task]], fetch: bool = False,
                 gflops: float | None = None, throughput: bool = True, capacity: Capacity | None = None) -> RunPlan:
     """The plan of `cfg` on this machine; `tasks`: (train tasks by domain, eval tasks), as
@@ -143,14 +214,14 @@ def plan_config(cfg: TidalConfig, tasks: tuple[dict[str, list[Task]], list[Task]
     loaded = meta_model(cfg.model, fetch=fetch)
     shape = shape_of(loaded.model)
     train = [task for domain in tasks[0].values() for task in domain]
-    workload = workload_of(cfg, loaded.tokenizer, device, train, tasks[1])
+    workload = workload_of(cfg, loaded.tokenizer, device, train, tasks[1], sandboxed_share(cfg, tasks[0]))
     capacity = capacity or measure_capacity(device)
     try:
         plan = plan_run(cfg, shape, workload, device, capacity)
         if throughput:
             rate = MatmulRate(gflops, "given") if gflops else measure_rate(
-                plan.precision, shape.dims.hidden, shape.dims.intermediate, device)
-            plan = plan_run(cfg, shape, workload, device, capacity, rate)
+                plan.precision, shape.dims.hidden, shape.dims.intermediate, device, cfg.rollout.engine_dtype)
+            plan = plan_run(cfg, shape, workload, device, capacity, rate, overlap_of(cfg, device))
     except PlanInputError as error:
         raise PlanError(f"cannot plan this config: {error}") from None
     return plan

@@ -4,6 +4,8 @@ given, and predict the peak resident set of real trainer updates within the stat
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ from tidal.trainer.plan import (
     WEIGHT_BYTES,
     Capacity,
     MatmulRate,
+    Overlap,
     PlanInputError,
     RunPlan,
     Workload,
@@ -40,9 +43,9 @@ TOLERANCE = 0.35
 
 
 def plan_of(*overrides: str, capacity: Capacity = ROOMY, workload: Workload = WORKLOAD,
-            rate: MatmulRate | None = None) -> RunPlan:
+            rate: MatmulRate | None = None, overlap: Overlap | None = None) -> RunPlan:
     cfg = load_config(SMOKE, [*MODEL, "warm_start.enabled=false", *overrides])
-    return plan_run(cfg, shape_of(meta_model(cfg.model).model), workload, CPU, capacity, rate)
+    return plan_run(cfg, shape_of(meta_model(cfg.model).model), workload, CPU, capacity, rate, overlap)
 
 
 def part(plan: RunPlan, name: str) -> tuple[int, int]:
@@ -186,6 +189,18 @@ def test_step_time_counts_the_update_and_sampling_flops() -> None:
     assert checkpointed.throughput.update_flops > plan.throughput.update_flops  # a second forward, whole rows
     assert plan.throughput.seconds > plan.throughput.seconds_at_rate > 0
     assert plan_of("trainer.precision=fp32").throughput is None  # no rate: memory only
+    # Timed at the typical row, not the longest; async overlaps sampling with the update.
+    typical = replace(WORKLOAD, mean_prompt_tokens=20, expected_completion_tokens=4)
+    short = plan_of("trainer.precision=fp32", rate=rate, workload=typical).throughput
+    assert short is not None and short.expected_flops is not None
+    assert short.expected_flops[0] == pytest.approx(2 * matmul * (4 * 20 + 16 * 4))
+    assert short.sampling_flops == plan.throughput.sampling_flops and short.seconds < plan.throughput.seconds
+    overlap = Overlap(sampling_share=0.5, update_share=0.5)
+    together = plan_of("trainer.precision=fp32", "pipeline.mode=async", rate=rate, overlap=overlap).throughput
+    assert together is not None
+    sampling, update = together.phase_seconds
+    assert together.seconds == pytest.approx(max(sampling, update, (sampling + update) / 2))
+    assert together.seconds < sum(plan.throughput.phase_seconds) * 2
 
 
 @pytest.mark.parametrize("extra", [[], ["trainer.lora.enabled=true", "trainer.parallel.strategy=fsdp2",
