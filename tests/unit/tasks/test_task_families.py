@@ -15,6 +15,7 @@ from tidal.types import Task
 
 FAMILIES = ["code", "general", "knowledge", "math", "reasoning"]  # single-turn, sized for the tiny model
 MULTI_TURN = ["agent"]  # tests/unit/agent covers it
+REAL_PROBLEMS = ["code_fn", "math_word"]  # tests/unit/tasks/test_real_problem_families.py
 VERIFIERS = {
     "code": "python_tests",
     "general": "regex",
@@ -26,7 +27,7 @@ PROMPT_BUDGET, ANSWER_BUDGET, CODE_BUDGET = 90, 40, 70
 
 
 def test_known_families_lists_the_built_ins() -> None:
-    assert known_families() == sorted(FAMILIES + MULTI_TURN)
+    assert known_families() == sorted(FAMILIES + MULTI_TURN + REAL_PROBLEMS)
 
 
 def test_unknown_family_lists_the_known_ones() -> None:

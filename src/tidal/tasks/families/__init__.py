@@ -4,7 +4,16 @@ Importing this package registers the built-in families; a user family registers 
 `@family("name")` on a `(rng, difficulty) -> Draft` function.
 """
 
-from tidal.tasks.families import agent_chores, arithmetic, general, knowledge, python_functions, reasoning  # noqa: F401
+from tidal.tasks.families import (  # noqa: F401
+    agent_chores,
+    arithmetic,
+    code_functions,
+    general,
+    knowledge,
+    math_words,
+    python_functions,
+    reasoning,
+)
 from tidal.tasks.families.registry import (
     Draft,
     FamilySpec,
