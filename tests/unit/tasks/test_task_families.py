@@ -31,7 +31,7 @@ def test_known_families_lists_the_built_ins() -> None:
 
 
 def test_unknown_family_lists_the_known_ones() -> None:
-    with pytest.raises(UnknownNameError, match="known: agent, code, general, knowledge, math, reasoning"):
+    with pytest.raises(UnknownNameError, match="known: agent, code, code_fn, general, knowledge, math, math_word, reasoning"):
         generate_tasks("poetry", 3, "train", 0)
 
 
