@@ -87,3 +87,13 @@ def test_no_bench_problem_is_in_the_generators_train_split() -> None:
     control = DuplicateIndex()  # the check does see a bench problem that is also in train
     control.check(bench[0].model_copy(update={"id": "copy", "split": "train"}))
     assert control.check(bench[0])
+
+
+def test_the_real_model_main_job_evaluates_on_the_bench_sets() -> None:
+    from tidal.config.load import load_config
+    from tidal.tasks.importers import load_sources
+
+    domains = load_config(ROOT / "configs/quickstart_smollm2.yaml").tasks.domains
+    for name, size in (("code_bench", len(_code())), ("math_bench", len(_math()))):
+        tasks = load_sources([s.model_dump() for s in domains[name].sources], known_verifiers=known_verifiers())
+        assert domains[name].weight == 0 and len(tasks) == size and {t.split for t in tasks} == {"eval"}
