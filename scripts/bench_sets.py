@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_code_problems import PROBLEMS as CODE  # noqa: E402
-from bench_math_problems import PROBLEMS as MATH  # noqa: E402
+from bench_code_problems import PROBLEMS as CODE
+from bench_math_problems import PROBLEMS as MATH
 
 OUT = Path(__file__).resolve().parent.parent / "configs" / "data"
 
@@ -31,7 +31,7 @@ def code_row(index: int, name: str, parameters: str, returns: str, doc: str, exa
         lines += [f"    >>> {name}({call})", f"    {result!r}"]
     prompt = "\n".join(lines + ['    """']) + "\n"
     namespace: dict[str, object] = {}
-    exec(prompt + body + "\n", namespace)  # our own solution, to check the examples and compute the tests
+    exec(prompt + body + "\n", namespace)  # noqa: S102 (our own solution), to check the examples and compute the tests
     function = namespace[name]
     asserts = []
     for call, result in examples:

@@ -88,7 +88,7 @@ def make_code_function(rng: random.Random, difficulty: int) -> Draft:
     name = rng.choice(kind.names)
     reference = _reference(kind, name, constants)
     namespace: dict[str, Any] = {}
-    exec(compile(reference, f"<code_fn {kind.kind}>", "exec"), namespace)  # our own reference, to get expected values
+    exec(compile(reference, f"<code_fn {kind.kind}>", "exec"), namespace)  # noqa: S102 (our own reference, for the expected values)
     cases = _cases(rng, kind, namespace[name], constants)
     prompt = f"{CODE_INSTRUCTION}\n\n```python\n{_stub(kind, name, constants, cases[:EXAMPLES])}```"
     key = kind.kind + "".join(f"|{c}={constants[c]}" for c in sorted(constants))

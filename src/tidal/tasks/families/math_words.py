@@ -45,17 +45,17 @@ def shopping(rng: random.Random, level: int, name: str) -> Problem:
         paid = (total // 100 + 1) * 100
         steps.append(f"{paid} - {total} = {paid - total}")
         prompt = rng.choice((
-            f"{name} buys {a} {many} at ${p} each and {b} {many2} at ${q} each, and pays with ${paid}. "
-            f"How much change does {name} get back?",
-            f"A {one} costs ${p} and a {one2} costs ${q}. {name} hands the cashier ${paid} for {a} {many} and "
-            f"{b} {many2}. How many dollars of change should {name} receive?",
+            (f"{name} buys {a} {many} at ${p} each and {b} {many2} at ${q} each, and pays with ${paid}. "
+            f"How much change does {name} get back?"),
+            (f"A {one} costs ${p} and a {one2} costs ${q}. {name} hands the cashier ${paid} for {a} {many} and "
+            f"{b} {many2}. How many dollars of change should {name} receive?"),
         ))
         return f"shop|{a}|{p}|{b}|{q}|{paid}", prompt, steps, paid - total
     prompt = rng.choice((
         f"{name} buys {a} {many} at ${p} each and {b} {many2} at ${q} each. How much does {name} spend in all?",
         f"A {one} costs ${p} and a {one2} costs ${q}. What is the total cost of {a} {many} and {b} {many2}?",
-        f"At the shop, {many} are ${p} apiece and {many2} are ${q} apiece. {name} takes {a} {many} and {b} {many2}. "
-        "What is the bill?",
+        (f"At the shop, {many} are ${p} apiece and {many2} are ${q} apiece. {name} takes {a} {many} and {b} {many2}. "
+        "What is the bill?"),
     ))
     return f"shop|{a}|{p}|{b}|{q}", prompt, steps, total
 
@@ -68,12 +68,12 @@ def savings(rng: random.Random, level: int, name: str) -> Problem:
     steps = [f"{weekly} * {weeks} = {weekly * weeks}", f"{start} + {weekly * weeks} = {saved}",
              f"{saved} - {spend} = {saved - spend}"]
     prompt = rng.choice((
-        f"{name} has ${start} and saves ${weekly} every week for {weeks} weeks. Then {name} spends ${spend} on a "
-        "bike. How much money is left?",
-        f"Starting with ${start} in a jar, {name} adds ${weekly} each week. After {weeks} weeks, {name} takes out "
-        f"${spend}. How many dollars are in the jar now?",
-        f"{name}'s account holds ${start}. For {weeks} weeks a deposit of ${weekly} arrives, and then a ${spend} "
-        "bill is paid. What is the balance?",
+        (f"{name} has ${start} and saves ${weekly} every week for {weeks} weeks. Then {name} spends ${spend} on a "
+        "bike. How much money is left?"),
+        (f"Starting with ${start} in a jar, {name} adds ${weekly} each week. After {weeks} weeks, {name} takes out "
+        f"${spend}. How many dollars are in the jar now?"),
+        (f"{name}'s account holds ${start}. For {weeks} weeks a deposit of ${weekly} arrives, and then a ${spend} "
+        "bill is paid. What is the balance?"),
     ))
     return f"save|{start}|{weekly}|{weeks}|{spend}", prompt, steps, saved - spend
 
@@ -85,10 +85,10 @@ def reading(rng: random.Random, level: int, name: str) -> Problem:
     pages = read + left
     steps = [f"{per_day} * {days} = {read}", f"{pages} - {read} = {left}"]
     prompt = rng.choice((
-        f"A book has {pages} pages. {name} reads {per_day} pages a day for {days} days. How many pages are still "
-        "unread?",
-        f"{name} is reading a {pages}-page novel at {per_day} pages per day. After {days} days, how many pages "
-        "remain?",
+        (f"A book has {pages} pages. {name} reads {per_day} pages a day for {days} days. How many pages are still "
+        "unread?"),
+        (f"{name} is reading a {pages}-page novel at {per_day} pages per day. After {days} days, how many pages "
+        "remain?"),
     ))
     return f"read|{pages}|{per_day}|{days}", prompt, steps, left
 
@@ -98,10 +98,10 @@ def travel(rng: random.Random, level: int, name: str) -> Problem:
     u, g = rng.randint(5, 20 + 20 * level), rng.randint(1, 3 + level)
     steps = [f"{v} * {h} = {v * h}", f"{u} * {g} = {u * g}", f"{v * h} + {u * g} = {v * h + u * g}"]
     prompt = rng.choice((
-        f"A train travels at {v} km per hour for {h} hours, then at {u} km per hour for {g} hours. How many "
-        "kilometres does it cover?",
-        f"{name} cycles {h} hours at {v} km/h and then {g} hours at {u} km/h. What distance, in km, did "
-        f"{name} ride?",
+        (f"A train travels at {v} km per hour for {h} hours, then at {u} km per hour for {g} hours. How many "
+        "kilometres does it cover?"),
+        (f"{name} cycles {h} hours at {v} km/h and then {g} hours at {u} km/h. What distance, in km, did "
+        f"{name} ride?"),
     ))
     return f"travel|{v}|{h}|{u}|{g}", prompt, steps, v * h + u * g
 
@@ -115,10 +115,10 @@ def bakery(rng: random.Random, level: int, name: str) -> Problem:
     bake = rng.choice(BAKES)
     steps = [f"{trays} * {per_tray} = {made}", f"{made} - {sold} = {made - sold}", f"{made - sold} / {box} = {boxes}"]
     prompt = rng.choice((
-        f"A bakery makes {trays} trays of {per_tray} {bake}. It sells {sold} of them and packs the rest in boxes "
-        f"of {box}. How many boxes does it fill?",
-        f"{name} bakes {trays} batches with {per_tray} {bake} in each. After selling {sold}, {name} puts the "
-        f"leftover {bake} into bags of {box}. How many bags are needed?",
+        (f"A bakery makes {trays} trays of {per_tray} {bake}. It sells {sold} of them and packs the rest in boxes "
+        f"of {box}. How many boxes does it fill?"),
+        (f"{name} bakes {trays} batches with {per_tray} {bake} in each. After selling {sold}, {name} puts the "
+        f"leftover {bake} into bags of {box}. How many bags are needed?"),
     ))
     return f"bake|{trays}|{per_tray}|{sold}|{box}", prompt, steps, boxes
 
@@ -132,10 +132,10 @@ def discount(rng: random.Random, level: int, name: str) -> Problem:
     steps = [f"{price} * {percent}% = {off}", f"{price} - {off} = {one}", f"{one} * {count} = {one * count}"]
     (item, items), = rng.sample(GOODS, 1)
     prompt = rng.choice((
-        f"A {item} normally costs ${price}. During a sale everything is {percent}% off. How much do {count} {items} "
-        "cost in the sale?",
-        f"{name} buys {count} {items} that are marked ${price} each, with a {percent}% discount. What does "
-        f"{name} pay?",
+        (f"A {item} normally costs ${price}. During a sale everything is {percent}% off. How much do {count} {items} "
+        "cost in the sale?"),
+        (f"{name} buys {count} {items} that are marked ${price} each, with a {percent}% discount. What does "
+        f"{name} pay?"),
     ))
     return f"disc|{price}|{percent}|{count}", prompt, steps, one * count
 
@@ -148,10 +148,10 @@ def ages(rng: random.Random, level: int, name: str) -> Problem:
     steps = [f"{young} + {gap} = {young + gap}", f"{young} + {later} = {young + later}",
              f"{young + gap} + {later} = {young + gap + later}", f"{young + later} + {young + gap + later} = {total}"]
     prompt = rng.choice((
-        f"{name} is {young} years old and {other} is {gap} years older. What will the sum of their ages be in "
-        f"{later} years?",
-        f"{other} is {gap} years older than {name}, who is {young}. In {later} years, how old will they be "
-        "together?",
+        (f"{name} is {young} years old and {other} is {gap} years older. What will the sum of their ages be in "
+        f"{later} years?"),
+        (f"{other} is {gap} years older than {name}, who is {young}. In {later} years, how old will they be "
+        "together?"),
     ))
     return f"age|{young}|{gap}|{later}", prompt, steps, total
 
@@ -165,10 +165,10 @@ def fractions(rng: random.Random, level: int, name: str) -> Problem:
     steps = [f"{group} / {part} = {share}", f"{group} - {share} = {group - share}",
              f"{group - share} - {absent} = {group - share - absent}"]
     prompt = rng.choice((
-        f"A school club has {group} members. {word.capitalize()} of them are in the chess team, and {absent} of the "
-        "others are away today. How many members who are not in the chess team are present?",
-        f"There are {group} seats in a hall; {word} are reserved. Of the unreserved seats, {absent} are broken. "
-        "How many unreserved seats can be used?",
+        (f"A school club has {group} members. {word.capitalize()} of them are in the chess team, and {absent} of the "
+        "others are away today. How many members who are not in the chess team are present?"),
+        (f"There are {group} seats in a hall; {word} are reserved. Of the unreserved seats, {absent} are broken. "
+        "How many unreserved seats can be used?"),
     ))
     return f"frac|{group}|{part}|{absent}", prompt, steps, group - share - absent
 
@@ -181,8 +181,8 @@ def wages(rng: random.Random, level: int, name: str) -> Problem:
     prompt = rng.choice((
         f"{name} earns ${rate} an hour and works {hours} hours a day for {days} days, plus a ${bonus} bonus. How "
         "much does {name} earn?".replace("{name}", name),
-        f"Paid ${rate} per hour, {name} worked {hours}-hour shifts on {days} days and got a bonus of ${bonus}. "
-        "What was the total pay?",
+        (f"Paid ${rate} per hour, {name} worked {hours}-hour shifts on {days} days and got a bonus of ${bonus}. "
+        "What was the total pay?"),
     ))
     return f"wage|{rate}|{hours}|{days}|{bonus}", prompt, steps, rate * hours * days + bonus
 
@@ -197,8 +197,8 @@ def collecting(rng: random.Random, level: int, name: str) -> Problem:
     prompt = rng.choice((
         f"{name} collected {first} shells. {other} collected {times} times as many, and {third} collected {fewer} "
         "fewer than {other}. How many shells did the three collect?".replace("{other}", other),
-        f"On a walk, {name} picks {first} berries, {other} picks {times} times as many as {name}, and {third} picks "
-        f"{fewer} fewer than {other}. How many berries in total?",
+        (f"On a walk, {name} picks {first} berries, {other} picks {times} times as many as {name}, and {third} picks "
+        f"{fewer} fewer than {other}. How many berries in total?"),
     ))
     return f"collect|{first}|{times}|{fewer}", prompt, steps, first + second + last
 
@@ -215,10 +215,10 @@ def average(rng: random.Random, level: int, name: str) -> Problem:
     steps = [f"{target} * {tests} = {target * tests}", f"{' + '.join(map(str, scores))} = {sum(scores)}",
              f"{target * tests} - {sum(scores)} = {need}"]
     prompt = rng.choice((
-        f"{name} scored {listed} on the first {tests - 1} tests. What score is needed on test {tests} for an "
-        f"average of exactly {target}?",
-        f"After tests marked {listed}, {name} wants a mean of {target} over {tests} tests. What must the last "
-        "test score be?",
+        (f"{name} scored {listed} on the first {tests - 1} tests. What score is needed on test {tests} for an "
+        f"average of exactly {target}?"),
+        (f"After tests marked {listed}, {name} wants a mean of {target} over {tests} tests. What must the last "
+        "test score be?"),
     ))
     return f"avg|{'|'.join(map(str, scores))}|{target}", prompt, steps, need
 
@@ -229,10 +229,10 @@ def warehouse(rng: random.Random, level: int, name: str) -> Problem:
     steps = [f"{loads} * {per_load} = {loads * per_load}", f"{stock} + {loads * per_load} = {stock + loads * per_load}",
              f"{stock + loads * per_load} - {shipped} = {stock + loads * per_load - shipped}"]
     prompt = rng.choice((
-        f"A warehouse holds {stock} crates. It receives {loads} deliveries of {per_load} crates each and ships out "
-        f"{shipped} crates. How many crates are in the warehouse now?",
-        f"{name}'s shop had {stock} cans on the shelves. {loads} cartons of {per_load} cans were unpacked, then "
-        f"{shipped} cans were sold. How many cans are left?",
+        (f"A warehouse holds {stock} crates. It receives {loads} deliveries of {per_load} crates each and ships out "
+        f"{shipped} crates. How many crates are in the warehouse now?"),
+        (f"{name}'s shop had {stock} cans on the shelves. {loads} cartons of {per_load} cans were unpacked, then "
+        f"{shipped} cans were sold. How many cans are left?"),
     ))
     return f"store|{stock}|{loads}|{per_load}|{shipped}", prompt, steps, stock + loads * per_load - shipped
 
@@ -242,8 +242,8 @@ def recipe(rng: random.Random, level: int, name: str) -> Problem:
     grams = size(rng, level, 5) * 10 if level >= 3 else size(rng, level, 5) * 5
     steps = [f"{serves} * {factor} = {serves * factor}", f"{grams} * {factor} = {grams * factor}"]
     prompt = rng.choice((
-        f"A recipe for {serves} people uses {grams} grams of flour. {name} is cooking for {serves * factor} people. "
-        "How many grams of flour are needed?",
+        (f"A recipe for {serves} people uses {grams} grams of flour. {name} is cooking for {serves * factor} people. "
+        "How many grams of flour are needed?"),
         f"{grams} g of rice feeds {serves} guests. How many grams feed {serves * factor} guests?",
     ))
     return f"recipe|{serves}|{factor}|{grams}", prompt, steps, grams * factor
