@@ -15,6 +15,15 @@ Rows:
 On CUDA the measured peak is torch's max_memory_allocated of the updates' process (the runtime and
 CUDA context are outside it), and only the --model rows run: full fine-tuning and LoRA, each in one
 process and as one FSDP2 rank.
+
+Whole runs (`--quickstart tiny|smollm2 [-- overrides]`, section "Planner: whole runs"): `tidal
+quickstart --model NAME` in a child process, its peak resident set (ru_maxrss) against `tidal
+plan`'s peak of the same config, and its median RL step (metrics.jsonl `step_s`, the first step
+left out) against the plan's step time; with the child's CPU seconds and the load average, since
+the plan times an idle machine and a shared one runs slower.
+
+    python bench/plan_memory.py --quickstart smollm2
+    python bench/plan_memory.py --quickstart tiny warm_start.steps=300 trainer.steps=20
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ from tidal.trainer.plan import Workload, plan_run, shape_of
 from tidal.trainer.plan_measure import measure, predicted_growth
 
 SECTION = "## Memory planner: prediction vs measured peak"
+RUNS_SECTION = "## Planner: whole runs, predicted vs measured peak memory and step time"
+GIB = 1 << 30
 SMOKE = str(ROOT / "configs" / "smoke.yaml")
 MIB = 1 << 20
 TINY = ["model.tiny.hidden_size=256", "model.tiny.num_layers=4", "model.tiny.num_heads=4",
@@ -90,13 +101,72 @@ def model_rows(model: str, steps: int, device: str) -> list[tuple[str, ...]]:
             for label, extra in (("full", []), ("full, FSDP2 x1", fsdp), ("LoRA", lora), ("LoRA, FSDP2 x1", [*lora, *fsdp]))]
 
 
+def quickstart_row(model: str, overrides: list[str]) -> tuple[str, ...]:
+    """`tidal quickstart --model MODEL OVERRIDES` in a child: (run, predicted and measured peak GiB,
+    their ratio, predicted and measured step s, their ratio, child CPU s, load before/after)."""
+    from tidal.pipeline.quickstart import quickstart_config
+
+    import json
+    import statistics
+
+    cfg = load_config(quickstart_config(model, False), overrides)
+    tasks = build_tasks(cfg)
+    plan = plan_config(cfg, tasks, fetch=True)
+    assert plan.throughput is not None
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as out:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-m", "tidal.cli", "quickstart", "--model", model, "--out", out, "--name", "run",
+                        *overrides], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        rows = [json.loads(line) for line in (Path(out) / "run" / "metrics.jsonl").read_text().splitlines() if line]
+    steps = [row["step_s"] for row in rows if row.get("phase") == "rl" and "step_s" in row][1:]
+    measured_step = statistics.median(steps)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    peak, measured = plan.peak()[0], after.ru_maxrss * 1024
+    predicted_step = plan.throughput.seconds
+    label = f"`tidal quickstart --model {model}{' ' + ' '.join(overrides) if overrides else ''}`"
+    return (label, f"{peak / GIB:.2f}", f"{measured / GIB:.2f}", f"{measured / peak:.2f}", f"{predicted_step:.1f}",
+            f"{measured_step:.1f}", f"{measured_step / predicted_step:.2f}", f"{cpu:.0f}",
+            f"{load_before:.1f} / {os.getloadavg()[0]:.1f}")
+
+
+def runs_section(args: argparse.Namespace) -> None:
+    model, overrides = args.quickstart, args.overrides
+    row = "| " + " | ".join(quickstart_row(model, overrides)) + " |"
+    # The section keeps one row per run: this one replaces its own earlier row.
+    existing = args.results.read_text().split(RUNS_SECTION, 1)[1].split("\n## ", 1)[0] if (
+        args.results.exists() and RUNS_SECTION in args.results.read_text()) else ""
+    rows = [line for line in existing.splitlines() if line.startswith("| `") and line.split(" | ")[0] != row.split(" | ")[0]]
+    command = f"python bench/plan_memory.py --quickstart {model}" + (f" {' '.join(overrides)}" if overrides else "")
+    text = "\n".join([
+        RUNS_SECTION, "",
+        ("A whole run against `tidal plan` of the same config: the peak resident set of the run's process (ru_maxrss) "
+         "against the plan's peak, and the median RL step (metrics `step_s`, the first left out) against the plan's "
+         "step time. The plan times an idle machine (its matmul probe counts CPU time); the load average says how "
+         "shared this one was."), "",
+        command_line(command, f"torch {torch.__version__}") + " (each row by its own command)", "",
+        "| run | predicted peak (GiB) | measured peak (GiB) | measured / predicted | predicted step (s) "
+        "| measured step (s) | measured / predicted | run CPU (s) | 1-minute load before / after |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        *rows, row, "",
+    ])
+    print(text)
+    write_section(args.results, RUNS_SECTION, text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a Hugging Face folder for the real-model row (e.g. ~/.cache/tidal/models/smollm2)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "RESULTS.md")
+    parser.add_argument("--quickstart", help="a whole `tidal quickstart --model NAME` run against its plan (tiny, smollm2)")
+    parser.add_argument("overrides", nargs="*", help="with --quickstart: dotted overrides of its config")
     args = parser.parse_args()
+    if args.quickstart:
+        runs_section(args)
+        return
     if args.device == "cuda" and not args.model:
         parser.error("--device cuda measures the --model rows only: give --model")
     rows = []

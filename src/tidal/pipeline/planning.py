@@ -140,17 +140,22 @@ def measure_capacity(device: torch.device) -> Capacity:
                     source=f"{source}; CUDA: free device memory of {total / GIB:.1f} GiB")
 
 
-def _cpu_seconds(run: Any, repeats: int) -> float:
-    """The least CPU time per thread one `run()` took, of `repeats` (after one untimed): on a
-    machine busy with other work torch's threads get a share of the cores, and the wall clock
-    counts the waiting, but the CPU time each thread spent is what it needs on a core of its own."""
+def _thread_seconds(run: Any, repeats: int) -> float:
+    """The least CPU time of this thread one `run()` took, of `repeats` after an untimed one, with
+    torch on one thread: on a machine busy with other work the wall clock counts the waits for a
+    core, and several threads spin at their barriers while one waits, but one thread's own CPU
+    time is what the work needs on a core of its own."""
     threads = torch.get_num_threads()
-    run()
-    best = math.inf
-    for _ in range(repeats):
-        began = time.process_time()
+    torch.set_num_threads(1)
+    try:
         run()
-        best = min(best, (time.process_time() - began) / threads)
+        best = math.inf
+        for _ in range(repeats):
+            began = time.thread_time()
+            run()
+            best = min(best, time.thread_time() - began)
+    finally:
+        torch.set_num_threads(threads)
     return max(best, 1e-9)
 
 
@@ -158,22 +163,23 @@ def measure_rate(plan_precision: str, hidden: int, intermediate: int, device: to
                  sampling_dtype: str = "model") -> MatmulRate:
     """GFLOP/s of one (RATE_TOKENS, hidden) @ (hidden, intermediate) matmul in the trainer's precision
     and in the engine's dtype (`rollout.engine_dtype`: fp32 unless bfloat16), timed briefly on
-    `device`. On a CPU from the CPU time of the best of RATE_REPEATS (`_cpu_seconds`), so that a
-    busy machine gives about the rate of an idle one."""
+    `device`. On a CPU: one thread's rate by its CPU time, the best of RATE_REPEATS
+    (`_thread_seconds`), times torch's threads, so that a busy machine gives about the rate of an
+    idle one (the wall clock of a contended probe swung the estimate several-fold)."""
     if device.type != "cuda":
         generator = torch.Generator().manual_seed(0)
         x = torch.randn(RATE_TOKENS, hidden, generator=generator)
         w = torch.randn(hidden, intermediate, generator=generator)
         w16 = w.to(torch.bfloat16)
-        flops = 2.0 * RATE_TOKENS * hidden * intermediate
+        flops = 2.0 * RATE_TOKENS * hidden * intermediate * torch.get_num_threads()
         with torch.no_grad():
-            fp32 = flops / _cpu_seconds(lambda: x @ w, RATE_REPEATS) / 1e9
+            fp32 = flops / _thread_seconds(lambda: x @ w, RATE_REPEATS) / 1e9
             # As autocast does: the activation cast each time, the weight once.
-            bf16 = flops / _cpu_seconds(lambda: x.to(torch.bfloat16) @ w16, RATE_REPEATS) / 1e9 if (
+            bf16 = flops / _thread_seconds(lambda: x.to(torch.bfloat16) @ w16, RATE_REPEATS) / 1e9 if (
                 plan_precision == "bf16" or sampling_dtype == "bfloat16") else fp32
         return MatmulRate(bf16 if plan_precision == "bf16" else fp32,
-                          f"measured: {RATE_TOKENS}x{hidden}x{intermediate} matmul, {torch.get_num_threads()} threads, "
-                          f"best of {RATE_REPEATS} by CPU time", sampling_gflops=bf16 if sampling_dtype == "bfloat16" else fp32)
+                          f"measured: {RATE_TOKENS}x{hidden}x{intermediate} matmul, one thread's CPU time x "
+                          f"{torch.get_num_threads()} threads", sampling_gflops=bf16 if sampling_dtype == "bfloat16" else fp32)
     dtype = torch.bfloat16 if plan_precision == "bf16" else torch.float32
     tokens = 8192  # enough rows to fill the device
     x = torch.randn(tokens, hidden, device=device, dtype=dtype)

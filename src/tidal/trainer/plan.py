@@ -53,8 +53,8 @@ each rank's device parts into its GPU and every process's host parts into the ho
 prediction's tolerance, measured against the peak resident set on this CPU, is in
 docs/design/trainer.md ("Planning memory").
 
-Step time: FLOPs of one step over matmul rates (measured briefly on this machine by CPU time, so
-that a busy machine gives about an idle one's, or given): sampling 2 M (prompt tokens once per
+Step time: FLOPs of one step over matmul rates (measured briefly on this machine, one thread's CPU
+time times the threads, so that a busy machine gives about an idle one's, or given): sampling 2 M (prompt tokens once per
 group + completion tokens per row) at the engine dtype's rate, the no-grad log-prob passes
 (reference, decoupled PPO's proximal pass) 2 M per token and the update per epoch (4 M +
 2 M_trainable [+ 2 M recomputed under checkpointing]) per token at the trainer precision's rate, M
@@ -105,9 +105,9 @@ WEIGHT_BYTES = 4  # the model is loaded in fp32: autocast computes in bf16, the 
 ADAM_BYTES = STATE_BYTES - 4  # the two moments; the other 4 of STATE_BYTES are the gradient
 # Shares of the probe's rate the main job's sampling and update reach at the expected FLOPs (module
 # docstring): decode steps of 128 rows, and bf16 micro-batches of rows padded to their longest.
-SAMPLING_EFFICIENCY = 0.29
-UPDATE_EFFICIENCY = 0.22
-DECODE_STEP_SECONDS = 0.02
+SAMPLING_EFFICIENCY = 0.22
+UPDATE_EFFICIENCY = 0.12
+DECODE_STEP_SECONDS = 0.008  # the scheduler, the sampler over (rows, vocab), per engine step
 MICRO_BATCH_SECONDS = 0.05
 SANDBOX_CPU_SECONDS = 0.05  # CPU per answer verified in a warm sandbox pool (bench/RESULTS.md, "Sandbox pool")
 
