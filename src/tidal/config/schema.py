@@ -74,8 +74,10 @@ class RolloutConfig(Section):
     )
     kv_block_size: int = Field(16, ge=1, le=1024, description="positions per paged KV block of the embedded engine")
     kv_blocks: int | None = Field(
-        None, ge=1, le=1 << 24, description="KV blocks in the engine's pool (None: a quarter of the memory free at "
-        "start, at most 65536); when they run out, sequences are preempted and recomputed, never an out-of-memory"
+        None, ge=1, le=1 << 24, description="KV blocks in each engine's pool (None: in a run, the plan's, which the "
+        "run saves here: the largest engine batch's blocks where the machine holds them, `tidal plan`; an engine built "
+        "alone, a quarter of the memory free at start, at most 65536); when they run out, sequences are preempted and "
+        "recomputed, never an out-of-memory; fewer than one sequence's blocks is refused at the run's start"
     )
     prefill_chunk: int = Field(
         512, ge=1, le=1 << 20, description="prompt tokens prefilled per engine step at most, between decode steps"
