@@ -35,12 +35,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tidal.audit.code import callable_names
-from tidal.audit.paraphrase import WEAK, assertion_constants, content_words, numbers, stem
+from tidal.audit.paraphrase import (
+    WEAK,
+    assertion_constants,
+    content_words,
+    numbers,
+    stem,
+)
 from tidal.types import Task
 
 # Words that phrase a question rather than pose it: a restatement may swap them freely.
-PHRASING = frozenset("many much count compute calculate determine evaluate figure work out answer state say show "
-                     "solve express result value tell find".split())
+PHRASING = frozenset({"many", "much", "count", "compute", "calculate", "determine", "evaluate", "figure", "work",
+                      "out", "answer", "state", "say", "show", "solve", "express", "result", "value", "tell", "find"})
 SHORT_WORDS = 12  # a prompt with more words is left to the shingle and paraphrase keys
 SHORT_SIMILARITY = 0.6
 MIN_ASSERTIONS = 2
