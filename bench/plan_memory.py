@@ -29,8 +29,10 @@ the plan times an idle machine and a shared one runs slower.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +47,7 @@ from results_md import command_line, write_section
 from tidal.config import load_config
 from tidal.models.meta import meta_model
 from tidal.pipeline.planning import measure_capacity, plan_config
+from tidal.pipeline.quickstart import quickstart_config
 from tidal.pipeline.run import build_tasks
 from tidal.trainer.plan import Workload, plan_run, shape_of
 from tidal.trainer.plan_measure import measure, predicted_growth
@@ -104,11 +107,6 @@ def model_rows(model: str, steps: int, device: str) -> list[tuple[str, ...]]:
 def quickstart_row(model: str, overrides: list[str]) -> tuple[str, ...]:
     """`tidal quickstart --model MODEL OVERRIDES` in a child: (run, predicted and measured peak GiB,
     their ratio, predicted and measured step s, their ratio, child CPU s, load before/after)."""
-    from tidal.pipeline.quickstart import quickstart_config
-
-    import json
-    import statistics
-
     cfg = load_config(quickstart_config(model, False), overrides)
     tasks = build_tasks(cfg)
     plan = plan_config(cfg, tasks, fetch=True)

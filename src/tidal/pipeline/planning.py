@@ -32,14 +32,13 @@ from tidal.trainer.memory import available_memory
 from tidal.trainer.plan import (
     GIB,
     Capacity,
-    MatmulRate,
-    Overlap,
     PlanInputError,
     RunPlan,
     Workload,
     plan_run,
     shape_of,
 )
+from tidal.trainer.step_time import MatmulRate, Overlap
 from tidal.types import Task, is_multi_turn
 
 LONGEST_CANDIDATES = 32  # prompts rendered to find the longest: the longest by characters

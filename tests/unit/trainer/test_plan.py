@@ -19,8 +19,6 @@ from tidal.trainer.plan import (
     RUNTIME_BYTES,
     WEIGHT_BYTES,
     Capacity,
-    MatmulRate,
-    Overlap,
     PlanInputError,
     RunPlan,
     Workload,
@@ -29,6 +27,7 @@ from tidal.trainer.plan import (
     shape_of,
 )
 from tidal.trainer.plan_measure import measure, predicted_growth
+from tidal.trainer.step_time import MatmulRate, Overlap
 
 CPU = torch.device("cpu")
 SMOKE = "configs/smoke.yaml"
