@@ -144,8 +144,8 @@ def runs_section(args: argparse.Namespace) -> None:
          "step time. The plan times an idle machine (its matmul probe counts CPU time); the load average says how "
          "shared this one was."), "",
         command_line(command, f"torch {torch.__version__}") + " (each row by its own command)", "",
-        "| run | predicted peak (GiB) | measured peak (GiB) | measured / predicted | predicted step (s) "
-        "| measured step (s) | measured / predicted | run CPU (s) | 1-minute load before / after |",
+        ("| run | predicted peak (GiB) | measured peak (GiB) | measured / predicted | predicted step (s) "
+         "| measured step (s) | measured / predicted | run CPU (s) | 1-minute load before / after |"),
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
         *rows, row, "",
     ])
