@@ -96,7 +96,7 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int | None = None)
     the LM head while it is tied to the input embeddings, when they reach an MoE's stacked expert or
     router parameters, or when `model` already has an adapter."""
     import peft
-    from peft.tuners.lora import ParamWrapper  # a LoRA on a stacked parameter (an MoE layer's experts)
+    from peft.tuners.lora import ParamWrapper
 
     if has_adapter(model):
         raise ValueError(f"{type(model).__name__} already carries a LoRA adapter; apply trainer.lora once")
@@ -122,6 +122,7 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int | None = None)
     layers = lora_layers(model)
     if not layers:
         raise ValueError(f"trainer.lora.target_modules={cfg.target_modules!r} matched no module of {type(model).__name__}")
+    # peft wraps a stacked parameter (an MoE layer's experts, its router) in a ParamWrapper
     parameters = sorted(name for name, layer in layers.items() if isinstance(layer, ParamWrapper))
     if parameters:
         raise ValueError(

@@ -153,6 +153,25 @@ def _enable_checkpointing(model: torch.nn.Module) -> None:
     enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Set every dropout of `model` but LoRA's own (`trainer.lora.dropout`) to 0, and return how
+    many there were: the engine samples in eval mode, so with dropout the trainer's log-probs of
+    the same policy differ from the behaviour log-probs and the importance ratio carries its noise
+    (GPT-2's checkpoints have 0.1 in three places; TRL's GRPO turns dropout off the same way)."""
+    count = 0
+    for name, module in model.named_modules():
+        if "lora_dropout" in name:
+            continue
+        if isinstance(module, torch.nn.Dropout) and module.p > 0:
+            module.p = 0.0
+            count += 1
+        rate = getattr(module, "attention_dropout", None)  # the Llama family's attention takes a float
+        if isinstance(rate, float) and rate > 0:
+            module.attention_dropout = 0.0
+            count += 1
+    return count
+
+
 class Trainer:
     """Optimizer, schedule and update steps for one policy model (and its value model for gae).
 
@@ -184,6 +203,8 @@ class Trainer:
         get_advantage(algo_cfg.advantage)  # an unknown estimator fails here, not after the first rollout
         self.device = torch.device(device)
         self.model = model.to(self.device)
+        if disable_dropout(self.model):
+            logger.info("trainer: dropout off in %s (the engine samples without it)", type(model).__name__)
         self.cfg = trainer_cfg
         self.algo = algo_cfg
         self.temperature = temperature

@@ -86,7 +86,15 @@ class RankContext:
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`fn(model, *args, **kwargs)` run as the training module's forward (module docstring)."""
         inner = self.inner()
-        with _forward_as(inner, lambda *a, **k: _owned(fn(inner, *a, **k))):
+        own = inner.forward
+
+        def forward(*a: Any, **k: Any) -> Any:
+            # Inside the pass the model computes as itself: a pass that calls the whole model (its
+            # full logits, for a model without a separable head: GPT-2, Gemma) must not call the pass.
+            with _forward_as(inner, own):
+                return _owned(fn(inner, *a, **k))
+
+        with _forward_as(inner, forward):
             assert self.module is not None
             return self.module(*args, **kwargs)
 
