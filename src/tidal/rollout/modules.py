@@ -91,8 +91,10 @@ class ModuleDecoder:
         assert step.logit_rows is not None
         attention = PagedAttention(step, pool, view, self.heads, self.kv_heads, self.head_dim, self.scaling)
         with active(attention):
-            out = self.model(input_ids=step.tokens[None], position_ids=step.positions[None], use_cache=False,
-                             logits_to_keep=step.logit_rows)
+            tokens = step.tokens[None]
+            # a mask of ones: some models warn without one; "tidal_paged" builds none from it
+            out = self.model(input_ids=tokens, attention_mask=torch.ones_like(tokens), position_ids=step.positions[None],
+                             use_cache=False, logits_to_keep=step.logit_rows)
         return out.logits[0].float()
 
 
