@@ -39,10 +39,11 @@ class Measurement:
 
 
 def predicted_growth(plan: Any) -> int:
-    """The plan's update phase on rank 0 less its runtime parts: the measured child's share. Only
-    for a one-process, synchronous run without merge or value model (those parts the child lacks)."""
-    runtime = sum(part.rank0 for part in plan.parts if part.name in ("runtime (torch + process)", "CUDA context"))
-    return plan.phase_bytes("update") - runtime
+    """The plan's update phase on rank 0 less its runtime parts and the loop engine's pool and view:
+    the measured child's share (it builds no engine). Only for a one-process, synchronous run
+    without merge or value model (those parts the child lacks)."""
+    absent = ("runtime (torch + process)", "CUDA context", "KV pool (loop engine)", "decode view (loop engine)")
+    return plan.phase_bytes("update") - sum(part.rank0 for part in plan.parts if part.name in absent)
 
 
 def _status(field: str) -> int:
