@@ -157,6 +157,14 @@ class Completion:
     # (len(token_ids),) 1 on the tokens of tool results (the observations appended after a turn);
     # None = all 0. Only recorded (the trajectory store's `tool_mask`), never trained on.
     tool_mask: list[int] | None = None
+    # (len(token_ids),) the weight version each token was sampled under, when weights were updated
+    # while it was generated (in-flight updates); None = every token under `weight_version`, which
+    # is always the oldest of them.
+    token_versions: list[int] | None = None
+
+    def versions(self) -> list[int]:
+        """(len(token_ids),) the weight version of each generated token."""
+        return list(self.token_versions) if self.token_versions is not None else [self.weight_version] * len(self.token_ids)
 
 
 @dataclass

@@ -71,6 +71,7 @@ MAX_AUTO_BLOCKS = 1 << 16
 DTYPES = ("model", "float32", "bfloat16", "auto")
 GRAPH_MODES = ("auto", "off", "eager")
 FORWARDS = ("auto", "llama", "generic")
+INFLIGHT_KV = ("keep", "recompute")  # what running sequences do with their KV at a weight update
 AUTO_BF16_GAIN = 1.3
 
 
@@ -94,6 +95,8 @@ class EmbeddedEngine:
     "off", or "eager" (the graphs' padded computation run op by op: the CPU tests' way in);
     `forward`: "llama" (the hand-written Llama-family forward, rollout/paged.py), "generic" (the
     model's own modules over the paged KV, rollout/modules.py) or "auto" (`pick_forward`).
+    `inflight_kv`: what sequences running across a weight update do with their KV, "keep" or
+    "recompute" (`update_weights`).
     """
 
     def __init__(
@@ -111,6 +114,7 @@ class EmbeddedEngine:
         speculative: Speculation | None = None,
         cuda_graphs: str = "auto",
         forward: str = "auto",
+        inflight_kv: str = "keep",
     ) -> None:
         problems = []
         if max_batch_rows is not None and max_batch_rows < 1:
@@ -127,6 +131,8 @@ class EmbeddedEngine:
             problems.append(f"cuda_graphs={cuda_graphs!r} must be one of {', '.join(GRAPH_MODES)}")
         if forward not in FORWARDS:
             problems.append(f"forward={forward!r} must be one of {', '.join(FORWARDS)}")
+        if inflight_kv not in INFLIGHT_KV:
+            problems.append(f"inflight_kv={inflight_kv!r} must be one of {', '.join(INFLIGHT_KV)}")
         if decode_attention not in ("view", "gather"):
             problems.append(f"decode_attention={decode_attention!r} must be 'view' or 'gather'")
         if problems:
@@ -148,7 +154,12 @@ class EmbeddedEngine:
         # What an engine on a copy of this model is built with (the pipeline's backends).
         self.options = {"kv_block_size": kv_block_size, "kv_blocks": kv_blocks, "prefill_chunk": prefill_chunk,
                         "prefix_cache": prefix_cache, "decode_attention": decode_attention, "dtype": dtype,
-                        "speculative": speculative, "cuda_graphs": cuda_graphs, "forward": forward}
+                        "speculative": speculative, "cuda_graphs": cuda_graphs, "forward": forward,
+                        "inflight_kv": inflight_kv}
+        self.inflight_kv = inflight_kv
+        # Called under the lock before each step of `run` (the pipeline's rollout worker loads a
+        # newer publication there: an in-flight weight update); None: nothing between steps.
+        self.between_steps: Callable[[], None] | None = None
         self._version = 0
         self.eos_ids = eos_ids(model, tokenizer)
         self.forward_path = pick_forward(model, forward)
@@ -178,7 +189,8 @@ class EmbeddedEngine:
         return cls(model, tokenizer, device, max_batch_rows, kv_block_size=rollout.kv_block_size,
                    kv_blocks=rollout.kv_blocks, prefill_chunk=rollout.prefill_chunk, prefix_cache=rollout.prefix_cache,
                    dtype=rollout.engine_dtype, speculative=_speculation(rollout),
-                   cuda_graphs=getattr(rollout, "cuda_graphs", "auto"), forward=getattr(rollout, "forward", "auto"))
+                   cuda_graphs=getattr(rollout, "cuda_graphs", "auto"), forward=getattr(rollout, "forward", "auto"),
+                   inflight_kv=getattr(rollout, "inflight_kv", "keep"))
 
     @property
     def weight_version(self) -> int:
@@ -226,8 +238,11 @@ class EmbeddedEngine:
 
         `None` means the model object is shared with the trainer and already holds the new
         weights: only the version changes. Either way the prefix cache is emptied: KV computed with
-        the old weights is wrong for the new ones. Sequences still running finish on the KV they
-        have and keep the version they started with.
+        the old weights is wrong for the new ones. Sequences still running (an in-flight update,
+        between two steps) sample their next tokens with the new weights, each token tagged with
+        the version it was sampled under (`Completion.token_versions`); with `inflight_kv="keep"`
+        they attend to the KV they have (computed partly under the old weights, as PipelineRL
+        does), with "recompute" they give it back and are prefilled again from their tokens.
         """
         if state_dict is not None:
             own = self.model.state_dict()
@@ -249,6 +264,9 @@ class EmbeddedEngine:
             self.weight_version = version
             if self._forward_pass.dtype != self.model.get_input_embeddings().weight.dtype:
                 self._forward_pass = self._new_forward()  # its cast copies, anew
+            if self.inflight_kv == "recompute":
+                with torch.inference_mode():  # the decode view's rows move as the sequences leave
+                    self._scheduler.recompute_running()
 
     def load_verified(self, state_dict: dict[str, Tensor], version: int, checksum: str) -> str:
         """`update_weights` of a checksummed publication: the version is UNLOADED (generation
@@ -307,6 +325,8 @@ class EmbeddedEngine:
                     if cancel is not None and cancel.is_set():
                         rows = sum(request.n for request in requests)
                         raise PreemptedError(f"generation stopped at decode step {step} of a batch of {rows} rows")
+                    if self.between_steps is not None:
+                        self.between_steps()
                     self.step()
                     step += 1
             except BaseException:
@@ -358,10 +378,13 @@ class EmbeddedEngine:
         out = []
         for sample in range(request.n):
             tokens, logprobs, reason = handle.results[sample]
+            versions = handle.versions[sample]
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             out.append(Completion(
                 prompt_ids=list(request.prompt), token_ids=list(tokens), logprobs=list(logprobs),
                 text=cut_at_stop(text, stop) if stop else text, finish_reason=reason, weight_version=handle.version,
+                # None: every token sampled under `weight_version` (no update came while it ran)
+                token_versions=None if all(v == handle.version for v in versions) else list(versions),
             ))
         return out
 

@@ -15,6 +15,11 @@ back and goes to the front of the queue with its generated tokens appended to it
 keeps its tokens, logprobs and random generator, so once re-prefilled it samples on exactly as if
 it had never stopped. A pool too small for even one sequence is a typed error, never an OOM.
 
+Weight updates between steps (in flight): every sampled token records `version`, the weights it
+was sampled under (`Sequence.versions`). Running sequences keep their KV by default;
+`recompute_running` preempts them all the same way, so they are prefilled again under the new
+weights (the engine's `inflight_kv="recompute"`).
+
 Speculative decoding (`speculation`, rollout/speculative_batch.py): before each step every
 decoding row may draft up to k tokens (blocks for them are taken only where free: drafts never
 preempt); a drafting row feeds its last token and its drafts in the same packed forward, its
@@ -71,6 +76,7 @@ class Sequence:
     blocks: list[int] = field(default_factory=list)  # block table
     hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks, in order
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # (len(logprobs),) the weight version each token was sampled under
     row: int = -1  # its row in the decode view while decoding
     fresh: bool = True  # not admitted before (a preempted sequence's second prefill is a recompute)
     session: DraftSession | None = None  # its drafter session (speculative decoding), made when it first drafts
@@ -83,11 +89,13 @@ class Sequence:
 
 @dataclass
 class RequestHandle:
-    """A submitted request: its finished samples fill `results` (sample -> (tokens, logprobs, reason))."""
+    """A submitted request: its finished samples fill `results` (sample -> (tokens, logprobs, reason))
+    and `versions` (sample -> the weight version of each of its tokens)."""
 
     request: Request
     version: int  # the weight version current at submission, which tags its completions
     results: dict[int, tuple[list[int], list[float], FinishReason]] = field(default_factory=dict)
+    versions: dict[int, list[int]] = field(default_factory=dict)
     live: list[Sequence] = field(default_factory=list)
     aborted: bool = False
 
@@ -428,6 +436,7 @@ class Scheduler:
         for sequence, reason in sorted(finished, key=lambda pair: -pair[0].row):
             handle = sequence.handle
             handle.results[sequence.sample] = (sequence.generated, sequence.logprobs, reason)
+            handle.versions[sequence.sample] = sequence.versions
             handle.live.remove(sequence)
             if self.speculation is not None:
                 self.speculation.drafter.finish(list(handle.request.prompt), sequence.generated)
@@ -443,6 +452,7 @@ class Scheduler:
         for count, (token, logprob) in enumerate(zip(tokens, logprobs), start=1):
             sequence.tokens.append(token)
             sequence.logprobs.append(logprob)
+            sequence.versions.append(self.version)
             if sequence.session is not None:
                 sequence.session.extend([token])
             if callback is not None:
@@ -462,14 +472,21 @@ class Scheduler:
         candidates = [s for s in (*self.prefilling, *self.decoding) if s.handle is not exclude]
         return max(candidates, key=lambda s: s.admitted, default=None)
 
-    def _preempt(self, sequence: Sequence | None) -> None:
-        """Free `sequence`'s blocks and requeue it first, to be re-prefilled with what it generated."""
+    def _preempt(self, sequence: Sequence | None, counted: bool = True) -> None:
+        """Free `sequence`'s blocks and requeue it first, to be re-prefilled with what it generated
+        (`counted`: a preemption for room, in `stats.preemptions`)."""
         if sequence is None:
             raise KVPoolTooSmall(f"no sequence fits the pool's {self.pool.num_blocks} KV blocks; raise rollout.kv_blocks")
         self._evict(sequence)
         sequence.computed, sequence.admitted = 0, -1
-        self.pool.stats.preemptions += 1
+        self.pool.stats.preemptions += counted
         self.waiting.appendleft(sequence)
+
+    def recompute_running(self) -> None:
+        """Preempt every running sequence (new weights, `inflight_kv="recompute"`): each is
+        prefilled again from its tokens, under the weights it then samples with, oldest first."""
+        for sequence in sorted((*self.prefilling, *self.decoding), key=lambda s: -s.admitted):
+            self._preempt(sequence, counted=False)
 
     def _evict(self, sequence: Sequence) -> None:
         """Take `sequence` off the running lists and let go of its blocks."""
