@@ -38,9 +38,10 @@ r * (in + out) per targeted linear layer), W ranks and a micro-batch of m rows o
   SAMPLING_COPIES (rows, vocab) fp32 tensors of a decode step. rows = the larger of an RL engine
   batch (group_size * the prompts generated together, tasks_per_step * oversample, at most
   rollout.batch_prompts) and an evaluation batch (batch_prompts * samples_per_task), at most the
-  engine's max_batch_rows. `kv_blocks` is rollout.kv_blocks, or the plan's: rows * the blocks
-  of one longest sequence (the pool that batch never preempts in), fewer where the machine's
-  memory cannot hold that, never fewer than one sequence's; the run builds every engine with it
+  engine's max_batch_rows. `kv_blocks` is rollout.kv_blocks, or the plan's: the blocks of the
+  largest batch (each prompt's once, its samples fork from it, and each row's completion plus
+  the partial prompt block it copies), the pool that batch never preempts in, fewer where the
+  machine's memory cannot hold that, never fewer than one sequence's; the run builds every engine with it
   (pipeline/planning.py), so no engine sizes itself from the memory free when it starts;
 - async: each rollout worker's copy of the model (4 P) and its engine, and the published weights'
   CPU snapshot (4 P); the ray backend's workers are processes of their own (RUNTIME_BYTES each)
@@ -340,10 +341,22 @@ def engine_rows(cfg: TidalConfig, workload: Workload) -> tuple[int, int]:
 
 
 def wanted_kv_blocks(cfg: TidalConfig, workload: Workload) -> int:
-    """rollout.kv_blocks, or the blocks the largest engine batch never preempts in (module docstring)."""
-    if cfg.rollout.kv_blocks is not None:
-        return cfg.rollout.kv_blocks
-    return max(engine_rows(cfg, workload)) * sequence_blocks(workload, cfg.rollout.kv_block_size)
+    """rollout.kv_blocks, or the blocks the largest engine batch never preempts in (module
+    docstring): each prompt's blocks once (its samples fork from it) and each row's completion
+    blocks plus the partial prompt block it copies; agent episodes share nothing."""
+    rollout = cfg.rollout
+    if rollout.kv_blocks is not None:
+        return rollout.kv_blocks
+    size = rollout.kv_block_size
+    if workload.sequence_tokens != workload.prompt_tokens + rollout.max_new_tokens:  # agent episodes
+        return max(engine_rows(cfg, workload)) * sequence_blocks(workload, size)
+
+    def blocks(rows: int, samples: int) -> int:
+        prompts = -(-rows // max(samples, 1))
+        return prompts * -(-workload.prompt_tokens // size) + rows * (-(-rollout.max_new_tokens // size) + 1)
+
+    batches = [(workload.generation_rows, rollout.group_size), (workload.eval_rows, cfg.eval.samples_per_task)]
+    return max(sequence_blocks(workload, size), *(blocks(rows, samples) for rows, samples in batches))
 
 
 def _kv_token_bytes(cfg: TidalConfig, shape: ModelShape) -> int:

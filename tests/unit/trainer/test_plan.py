@@ -69,7 +69,9 @@ def test_the_parts_add_up_by_phase_and_the_peak_is_the_largest_phase() -> None:
     # The engine keeps its pool and its grown decode view through the update; its logits are freed.
     dims = shape_of(meta_model(load_config(SMOKE, MODEL).model).model)
     kv_token = 2 * dims.dims.layers * dims.kv_heads * dims.head_dim * 4
-    assert plan.kv_blocks == 32 * 4 == 32 * plan.sequence_blocks  # 32 rows of 56 tokens, 4 blocks of 16 each
+    # 32 rows of 16 new tokens (2 blocks each with the copied partial prompt block), 8 prompts (groups of 4) of
+    # 40 tokens (3 blocks each)
+    assert plan.kv_blocks == 32 * 2 + 8 * 3
     assert part(plan, "KV pool (loop engine)")[0] == plan.kv_blocks * 16 * kv_token
     assert part(plan, "decode view (loop engine)")[0] == 32 * 57 * kv_token
     logits = next(p for p in plan.parts if p.name == "decode logits")
@@ -140,7 +142,7 @@ def test_async_workers_add_their_copies_and_generate_during_the_update() -> None
     assert "update" in workers_kv.phases and workers_kv.rank0 > 2 * part(two, "KV pool (loop engine)")[0]
     # Async: the loop engine only evaluates (16 rows), the workers sample (32 rows); one pool size for all.
     assert part(two, "decode view (loop engine)")[0] < part(sync, "decode view (loop engine)")[0]
-    assert two.kv_blocks == sync.kv_blocks == 32 * two.sequence_blocks
+    assert two.kv_blocks == sync.kv_blocks == 32 * 2 + 8 * 3
     assert two.phase_bytes("update") > sync.phase_bytes("update") + 3 * weights
 
 
