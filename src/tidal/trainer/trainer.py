@@ -37,11 +37,13 @@ from tidal.algos.advantages import CRITIC_ADVANTAGES, get_advantage, needs_criti
 from tidal.algos.gae import clipped_value_loss, explained_variance
 from tidal.algos.kl import KLController, kl_adjusted_advantages
 from tidal.algos.losses import (
-    LOSS_INPUTS,
-    aggregate,
+    LossInputs,
+    LossOptions,
+    compute_loss,
     get_loss,
     kl_penalty,
     loss_denominator,
+    needs_prox_logprobs,
 )
 from tidal.config.schema import AlgorithmConfig, TrainerConfig
 from tidal.trainer.checkpoint import load_training_state, save_training_state
@@ -209,7 +211,8 @@ class Trainer:
         self.algo = algo_cfg
         self.temperature = temperature
         self.max_tokens = max_tokens
-        self.loss_fn = get_loss(algo_cfg.loss)
+        get_loss(algo_cfg.loss)  # an unknown loss fails here too
+        self.loss_fn = compute_loss  # (LossInputs, LossOptions) -> LossOutputs; debug.inject wraps it
         self.ref_model = ref_model
         if ref_model is not None:
             ref_model.to(self.device).eval()
@@ -471,13 +474,13 @@ class Trainer:
     def _policy_part(
         self, batch: TrainBatch, advantages: Tensor, ref_logprobs: Tensor | None, kl_coef: float, total_tokens: float
     ) -> Part:
-        """The part of the RL loss: per micro-batch, the policy loss on `advantages` (B,) or
-        (B, T), plus the KL term (kl_in=loss) and minus the entropy bonus, each aggregated over
-        the whole batch's denominator; its metrics are weighted to sum to the batch's means."""
+        """The part of the RL loss: per micro-batch, the log-probs of the policy, then the loss on
+        `advantages` (B,) or (B, T) in one call (tidal.algos.losses.compute_loss), normalised by the
+        whole batch's denominator; its metrics are weighted to sum to the batch's means."""
+        options = LossOptions.from_config(self.algo, self.max_tokens, kl_coef)
         denominator = loss_denominator(batch.completion_mask, self.algo.aggregation)
-        inputs = LOSS_INPUTS.get(self.algo.loss, ())
         # The proximal policy of decoupled PPO: these weights before this step's first update.
-        prox_logprobs = self._frozen_logprobs(self.model, batch) if "prox_logprobs" in inputs else None
+        prox_logprobs = self._frozen_logprobs(self.model, batch) if needs_prox_logprobs(self.algo.loss) else None
 
         def micro_loss(rows: slice) -> tuple[Tensor, dict[str, float]]:
             ids, attn, length = trim_padding(batch.input_ids[rows], batch.attention_mask[rows])
@@ -486,32 +489,13 @@ class Trainer:
                 self.model, ids, attn, _slice(batch.prompt_lengths, rows), temperature=self.temperature,
                 with_entropy=True, entropy_grad=self.algo.entropy_coef > 0, positions=mask,
             )  # (b, t), (b, t)
-            options: dict[str, Any] = {}
-            if "is_cap" in inputs:
-                options["is_cap"] = self.algo.is_cap
-            if prox_logprobs is not None:
-                options["prox_logprobs"] = prox_logprobs[rows, :length]
-            loss, metrics = self.loss_fn(
-                logprobs, batch.old_logprobs[rows, :length], _rows(advantages, rows, length), mask,
-                clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
-                aggregation=self.algo.aggregation, max_tokens=self.max_tokens, denominator=denominator, **options,
+            inputs = LossInputs(
+                logprobs, batch.old_logprobs[rows, :length], _rows(advantages, rows, length), mask, entropy=entropy,
+                ref_logprobs=None if ref_logprobs is None else ref_logprobs[rows, :length],
+                prox_logprobs=None if prox_logprobs is None else prox_logprobs[rows, :length],
+                denominator=denominator, batch_tokens=total_tokens,
             )
-            # Token means of this micro-batch, weighted so their sum is the whole batch's mean.
-            weight = float(mask.sum()) / total_tokens
-            metrics = {key: value * weight for key, value in metrics.items()}
-            metrics["policy_loss"] = float(loss.detach())
-            metrics["entropy"] = _masked_mean(entropy, mask) * weight  # type: ignore[arg-type]
-            if ref_logprobs is not None:
-                kl = kl_penalty(logprobs, ref_logprobs[rows, :length], self.algo.kl_estimator)  # (b, t)
-                metrics["kl"] = _masked_mean(kl, mask) * weight
-                if self.algo.kl_in == "loss" and kl_coef > 0:
-                    kl_loss = aggregate(kl, mask, self.algo.aggregation, self.max_tokens, denominator)
-                    loss = loss + kl_coef * kl_loss
-            if self.algo.entropy_coef > 0:
-                bonus = aggregate(
-                    entropy, mask, self.algo.aggregation, self.max_tokens, denominator  # type: ignore[arg-type]
-                )
-                loss = loss - self.algo.entropy_coef * bonus
+            loss, metrics = self.loss_fn(inputs, options)
             return loss, metrics
 
         return Part(batch.input_ids.shape[0], micro_loss, *self._split_keys(batch))
