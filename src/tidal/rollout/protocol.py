@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from tidal.rollout.engine import Cancel, SamplingParams
+    from tidal.rollout.sampling import Cancel, SamplingParams
     from tidal.types import Completion
 
 UNLOADED = -1  # the weight version of an engine that holds no verified publication
