@@ -167,8 +167,9 @@ class WorkerLostError(TidalError):
 
 class PreemptedError(TidalError):
     """Work stopped partway because higher-priority work needed its worker (the scheduler's
-    preemption). Nothing of it is kept: it runs again from its start, which for generation gives
-    the same result (same seed, weights and ids)."""
+    preemption). It runs again, which for generation gives the same result (same seed, weights
+    and ids); the embedded engine's carries `handles`, what it did, for the next try to resume
+    (`EmbeddedEngine.generate`'s `resume`)."""
 
 
 class PlanError(TidalError):

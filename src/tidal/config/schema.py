@@ -106,6 +106,11 @@ class RolloutConfig(Section):
         "auto", description="auto: the embedded engine replays its decode-only steps from CUDA graphs where CUDA is "
         "available (rollout/cuda_graphs.py); off: never"
     )
+    inflight_kv: Literal["keep", "recompute"] = Field(
+        "keep", description="the embedded engine, at a weight update while sequences run (pipeline.inflight_updates): "
+        "keep: they attend to the KV they have, computed partly under the old weights (PipelineRL) | recompute: they "
+        "are prefilled again from their tokens under the new weights"
+    )
 
     @model_validator(mode="after")
     def _http_has_server(self) -> RolloutConfig:
@@ -579,6 +584,12 @@ class PipelineConfig(Section):
         description="ratio control: batches in flight ahead of the trainer, at most; null = as many as "
         "algorithm.max_staleness and the queues allow (max_staleness + 1 and queue_size + rollout_workers + 2)",
     )
+    inflight_updates: bool = Field(
+        False,
+        description="async mode, local backend, embedded engine: a rollout worker loads a newer publication between "
+        "two decode steps of the chunk it is generating instead of after it (rollout.inflight_kv says what the "
+        "running sequences do with their KV); every token records the version it was sampled under",
+    )
     ratio_idle_fraction: float = Field(
         0.1, gt=0, lt=1,
         description="ratio control: the share of a step (trainer) or of a batch (samplers) spent waiting above "
@@ -591,6 +602,13 @@ class PipelineConfig(Section):
         if value is not None and not value.strip():
             raise ValueError("give host:port, 'auto' or ray://host:port, or null to start a Ray in this process")
         return value
+
+    @model_validator(mode="after")
+    def _inflight_supported(self) -> PipelineConfig:
+        if self.inflight_updates and (self.mode != "async" or self.backend != "local"):
+            raise ValueError("pipeline.inflight_updates runs with mode=async and backend=local (a sync loop has "
+                             "nothing in flight at an update; a Ray actor loads between chunks): set it false")
+        return self
 
     @model_validator(mode="after")
     def _ratio_bounds(self) -> PipelineConfig:
@@ -713,6 +731,9 @@ class TidalConfig(Section):
         if self.pipeline.mode != "sync" and self.pipeline.backend != "local":
             raise ValueError("rollout.engine=http runs with pipeline.mode=sync, or async with pipeline.backend=local "
                              "(the rollout worker drives the server from this process)")
+        if self.pipeline.inflight_updates:
+            raise ValueError("pipeline.inflight_updates needs the embedded engine: the server reloads between "
+                             "generations (rollout.engine=http); set it false")
         if self.merge.weight < 1:
             raise ValueError("rollout.engine=http cannot evaluate a merged policy yet (merge.weight < 1): the "
                              "server would have to be sent the merged weights and back; set merge.weight=1")

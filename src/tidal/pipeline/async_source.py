@@ -244,8 +244,9 @@ class _Sampler(threading.Thread):
 
 def _chunk_sampler(tasks: list[Task], step: int, publication: Publication, positions: list[int]) -> Any:
     """A chunk's work: `worker.sample` of these tasks at their positions in batch `step`, stopped
-    (`PreemptedError`) once the scheduler sets `cancel`."""
-    return lambda worker, cancel: worker.sample(tasks, step, publication, positions, cancel)
+    (`PreemptedError`) once the scheduler sets `cancel`; the next try goes on from what it kept."""
+    kept: dict[tuple[str, ...], Any] = {}  # across the chunk's tries (Sampler.sample)
+    return lambda worker, cancel: worker.sample(tasks, step, publication, positions, cancel, kept)
 
 
 class _Scoring(threading.Thread):
@@ -374,7 +375,7 @@ class AsyncSource:
         self.channel.publish(publish(parts.trainer.model, parts.engine.weight_version, self.canary, self.adapter_only))
         self.window = _Window(self.max_staleness + 1, start_step)  # without ratio control, admission always binds first
         self.controller = self._ratio_controller()
-        self.workers: Workers = get_backend(pipeline.backend).start(parts)
+        self.workers: Workers = get_backend(pipeline.backend).start(parts, self.channel.latest)
         retry = retry_policy(pipeline)
         self.scheduler = Scheduler(self.workers.rollouts, retry, check=lambda i: self.scheduler.workers[i].check(),
                                    replace=self.workers.replace, health_every_s=pipeline.health_check_s)

@@ -166,16 +166,27 @@ def record_step(parts: LoopParts, source: BatchSource, batch: ScoredBatch, updat
 
 
 def check_staleness(kept: list[Episode], step: int, bound: int) -> None:
-    stale = [e.id for e in kept if step - e.completion.weight_version > bound]
+    """Raise `StalenessError` when a trained token was sampled under weights more than `bound`
+    updates old: per token, since with in-flight weight updates one completion spans versions."""
+    stale = [e.id for e in kept if step - min([e.completion.weight_version, *e.completion.versions()]) > bound]
     if stale:
-        raise StalenessError(f"step {step}: {len(stale)} sample(s) older than algorithm.max_staleness={bound}, e.g. {stale[0]}")
+        raise StalenessError(f"step {step}: {len(stale)} sample(s) with tokens older than algorithm.max_staleness={bound}, "
+                             f"e.g. {stale[0]}")
 
 
 def staleness_metrics(kept: list[Episode], step: int) -> dict[str, float]:
-    """`staleness/<k>`: trained samples made `k` updates before this one; `staleness_max`."""
+    """`staleness/<k>`: trained samples made `k` updates before this one (by their first token's
+    weights); `staleness_max`. Where weights changed while a sample was generated (in-flight
+    updates), also the staleness per generated token, `staleness_token_mean`, and the samples that
+    span several versions, `staleness_mixed_samples`."""
     counts = Counter(step - e.completion.weight_version for e in kept)
     metrics: dict[str, float] = {f"staleness/{k}": n for k, n in sorted(counts.items())}
     metrics["staleness_max"] = max(counts, default=0)
+    mixed = [e for e in kept if e.completion.token_versions is not None]
+    if mixed:
+        tokens = [step - version for e in kept for version in e.completion.versions()]
+        metrics["staleness_token_mean"] = sum(tokens) / max(len(tokens), 1)
+        metrics["staleness_mixed_samples"] = len(mixed)
     return metrics
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from tidal.algos import assign_advantages
 from tidal.audit.continuous import TaskWatch
 from tidal.config.schema import TidalConfig
+from tidal.errors import PreemptedError
 from tidal.gate import gate_episodes
 from tidal.gate.judge_hack import MODEL_VERIFIERS
 from tidal.models.io import render_prompt
@@ -31,7 +32,15 @@ from tidal.storage.store import TrajectoryStore
 from tidal.tasks.mixer import TaskMixer
 from tidal.trainer.parallel.trainer import ParallelTrainer
 from tidal.trainer.trainer import Trainer
-from tidal.types import Episode, Group, Outcome, Task, flatten, is_multi_turn
+from tidal.types import (
+    Completion,
+    Episode,
+    Group,
+    Outcome,
+    Task,
+    flatten,
+    is_multi_turn,
+)
 
 
 @dataclass
@@ -117,7 +126,8 @@ class Sampler:
         return f"{self.run_name}/step-{step:06d}/g{position:03d}"
 
     def sample(
-        self, tasks: list[Task], step: int, positions: list[int] | None = None, cancel: Cancel | None = None
+        self, tasks: list[Task], step: int, positions: list[int] | None = None, cancel: Cancel | None = None,
+        kept: dict[tuple[str, ...], Any] | None = None,
     ) -> list[Group]:
         """`group_size` completions for each task, one `Group` per task in task order, in the
         chunks of `plan_chunks` (one engine call per chunk of single-turn tasks, each prompt
@@ -125,7 +135,11 @@ class Sampler:
         tasks' places in the step's batch (default 0, 1, ...): a worker given one chunk of a batch
         makes exactly the groups the whole batch would have for those tasks. Once `cancel` is set,
         generation stops at its next decode step (an agent episode: its next turn) and
-        `PreemptedError` is raised; nothing is kept."""
+        `PreemptedError` is raised. `kept` (a dict the caller keeps across tries of the same tasks)
+        then holds what was done: the engine calls that finished, and the preempted one's requests
+        (`PreemptedError.handles`: finished groups, and unfinished samples with their tokens), which
+        the next try resumes rather than restarts (`EmbeddedEngine.resume`: with the same weights it
+        gives the same completions). Agent episodes are redone."""
         cfg = self.config
         positions = list(range(len(tasks))) if positions is None else list(positions)
         if len(positions) != len(tasks):
@@ -142,7 +156,8 @@ class Sampler:
                 by_index.update(zip(chunk, episodes))
                 continue
             prompts = [render_prompt(self.engine.tokenizer, tasks[i].messages()) for i in chunk]
-            for i, completions in zip(chunk, self.engine.generate(prompts, cfg.rollout.group_size, params, cancel=cancel)):
+            for i, completions in zip(chunk, self._generate(prompts, params, cancel, kept,
+                                                            tuple(self.group_id(step, positions[i]) for i in chunk))):
                 group_id = self.group_id(step, positions[i])
                 by_index[i] = [
                     Episode(id=f"{group_id}/s{k:02d}", task_id=tasks[i].id, domain=tasks[i].domain, group_id=group_id,
@@ -154,6 +169,30 @@ class Sampler:
             for episode in group.episodes:
                 episode.difficulty = _difficulty(group.task)
         return groups
+
+
+    def _generate(self, prompts: list[list[int]], params: SamplingParams, cancel: Cancel | None,
+                  kept: dict[tuple[str, ...], Any] | None, key: tuple[str, ...]) -> list[list[Completion]]:
+        """One engine call's groups: as a previous try left them in `kept[key]` (done, or resumed
+        from its preempted requests), else generated; what it did goes into `kept` (module
+        docstring of `sample`)."""
+        n = self.config.rollout.group_size
+        state, saved = kept.get(key, (None, None)) if kept is not None else (None, None)
+        if state == "done":
+            return saved
+        try:
+            if state == "preempted":
+                results = self.engine.generate(prompts, n, params, cancel=cancel, resume=saved)  # type: ignore[call-arg]
+            else:
+                results = self.engine.generate(prompts, n, params, cancel=cancel)
+        except PreemptedError as error:
+            handles = getattr(error, "handles", None)  # an embedded engine's; other engines keep nothing
+            if kept is not None and handles is not None:
+                kept[key] = ("preempted", handles)
+            raise
+        if kept is not None:
+            kept[key] = ("done", results)
+        return results
 
 
 def _difficulty(task: Task) -> float | None:

@@ -292,15 +292,19 @@ class EmbeddedEngine:
         params: SamplingParams | None = None,
         on_token: TokenCallback | None = None,
         cancel: Cancel | None = None,
+        resume: list[RequestHandle] | None = None,
     ) -> list[list[Completion]]:
         """`n` completions for each prompt (token ids, e.g. from `render_prompt`).
 
-        Returns one list per prompt, in order, each holding its `n` completions, all tagged with the
-        weight version current when the call started. With `params.seed` set, prompt i's sample k
+        Returns one list per prompt, in order, each holding its `n` completions, each tagged with the
+        weight version of its first token (the one current when the call started, unless weights
+        were updated between its steps: then `token_versions` holds every token's). With `params.seed` set, prompt i's sample k
         draws from the seed `derived_seed(derived_seed(seed, i), k)`, so the same prompts, params
         and weights give the same completions, whatever the batch and `max_batch_rows`. `on_token`
         sees every kept token as it is sampled. `cancel` is looked at before each step: once it is
-        set the call stops there and raises `PreemptedError`, keeping nothing.
+        set the call stops there and raises `PreemptedError`, whose `handles` hold what it did:
+        finished requests, and unfinished ones with their tokens so far and no KV. Passed back as
+        `resume` (with the same prompts) they finish the call from where it stopped (`resume`).
         """
         params = params or SamplingParams()
         if n < 1:
@@ -310,25 +314,50 @@ class EmbeddedEngine:
             seeded = params if params.seed is None else replace(params, seed=derived_seed(params.seed, index))
             callback = None if on_token is None else _bind(on_token, index)
             requests.append(Request(list(prompt), seeded, n, callback))
-        return [self.complete(handle) for handle in self.run(requests, cancel)]
+        if resume is None:
+            return [self.complete(handle) for handle in self.run(requests, cancel)]
+        if [handle.request.prompt for handle in resume] != [list(prompt) for prompt in prompts]:
+            raise ValueError("generate(resume=...): the handles are of other prompts than the ones given; pass "
+                             "the PreemptedError.handles of a call with the same prompts")
+        return [self.complete(handle) for handle in self.resume(resume, cancel)]
 
     def run(self, requests: list[Request], cancel: Cancel | None = None) -> list[RequestHandle]:
         """Submit `requests` and step until they are done (requests of other callers submitted
         meanwhile ride along); their handles, in order."""
         with self._lock:
-            handles = [self.submit(request) for request in requests]
+            return self._drive([self.submit(request) for request in requests], cancel)
+
+    def resume(self, handles: list[RequestHandle], cancel: Cancel | None = None) -> list[RequestHandle]:
+        """Step the handles a preempted call left (`PreemptedError.handles`) until they are done:
+        the finished ones as they are, the others from where they stopped (each sequence
+        prefilled again from its prompt and the tokens it had, then sampling on with its own
+        generator, so with the same weights it ends as if never stopped); `handles`, in order."""
+        with self._lock:
+            for handle in handles:
+                self._scheduler.requeue(handle)
+            return self._drive(handles, cancel)
+
+    def _drive(self, handles: list[RequestHandle], cancel: Cancel | None) -> list[RequestHandle]:
+        """Step until `handles` are done; on `cancel`, suspend them and raise `PreemptedError`."""
+        with self._lock:
             step = 0
             was_training = self.model.training
             self.model.eval()  # once for the call, not at every step
             try:
                 while not all(handle.done for handle in handles):
                     if cancel is not None and cancel.is_set():
-                        rows = sum(request.n for request in requests)
-                        raise PreemptedError(f"generation stopped at decode step {step} of a batch of {rows} rows")
+                        rows = sum(handle.request.n for handle in handles)
+                        for handle in handles:
+                            self._scheduler.suspend(handle)
+                        error = PreemptedError(f"generation stopped at decode step {step} of a batch of {rows} rows")
+                        error.handles = handles  # what it did, for `resume`
+                        raise error
                     if self.between_steps is not None:
                         self.between_steps()
                     self.step()
                     step += 1
+            except PreemptedError:
+                raise  # suspended above: no blocks held, tokens kept
             except BaseException:
                 for handle in handles:
                     self.abort(handle)
@@ -379,12 +408,13 @@ class EmbeddedEngine:
         for sample in range(request.n):
             tokens, logprobs, reason = handle.results[sample]
             versions = handle.versions[sample]
+            oldest = min(versions, default=handle.version)  # the submission's, unless updated before its first token
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             out.append(Completion(
                 prompt_ids=list(request.prompt), token_ids=list(tokens), logprobs=list(logprobs),
-                text=cut_at_stop(text, stop) if stop else text, finish_reason=reason, weight_version=handle.version,
+                text=cut_at_stop(text, stop) if stop else text, finish_reason=reason, weight_version=oldest,
                 # None: every token sampled under `weight_version` (no update came while it ran)
-                token_versions=None if all(v == handle.version for v in versions) else list(versions),
+                token_versions=None if all(v == oldest for v in versions) else list(versions),
             ))
         return out
 

@@ -139,6 +139,17 @@ class Scheduler:
             self._evict(sequence)
         handle.live.clear()
 
+    def suspend(self, handle: RequestHandle) -> None:
+        """Take `handle`'s unfinished sequences out of the schedule, freeing their blocks but keeping
+        their tokens, logprobs, versions and generators (a preempted call), until `requeue`."""
+        for sequence in list(handle.live):
+            self._evict(sequence)
+            sequence.computed, sequence.admitted, sequence.fresh, sequence.drafts = 0, -1, False, []
+
+    def requeue(self, handle: RequestHandle) -> None:
+        """Queue a suspended `handle`'s sequences again, to be prefilled from their tokens."""
+        self.waiting.extend(handle.live)
+
     def busy(self) -> bool:
         return bool(self.waiting or self.prefilling or self.decoding)
 

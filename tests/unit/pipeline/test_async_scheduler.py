@@ -137,11 +137,11 @@ def test_evaluations_preempt_running_rollouts_and_the_run_trains_what_an_unpreem
     waited: list[bool] = []
 
     def sample(self: LocalRollout, tasks: Any, step: int, publication: Any, indices: Any = None,
-               cancel: Any = None) -> Any:
+               cancel: Any = None, kept: Any = None) -> Any:
         if cancel is not None and step >= 1 and step not in first_attempts:
             first_attempts.add(step)
             waited.append(cancel.wait(20.0))
-        return original(self, tasks, step, publication, indices, cancel)
+        return original(self, tasks, step, publication, indices, cancel, kept)
 
     monkeypatch.setattr(LocalRollout, "sample", sample)
     preempted = _run(tmp_path, "preempted", *common, "eval.every=1")

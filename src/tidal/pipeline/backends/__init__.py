@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tidal.errors import (  # noqa: F401 (re-exported)
     BackendUnavailableError,
@@ -41,13 +41,15 @@ if TYPE_CHECKING:  # torch and transformers: a process that only scores (a Ray s
 class RolloutWorker(Protocol):
     def sample(
         self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None,
-        cancel: Cancel | None = None,
+        cancel: Cancel | None = None, kept: dict[tuple[str, ...], Any] | None = None,
     ) -> list[Group]:
         """Batch `step`'s groups for `tasks` (as `stages.Sampler.sample` makes them; `indices`:
         the tasks' positions in the batch when they are one chunk of it), generated with
         `publication`'s weights, loaded and verified first if the worker holds another version.
         Once `cancel` is set (the scheduler preempts the chunk), generation stops at its next
-        decode step, wherever it runs, and `PreemptedError` is raised."""
+        decode step, wherever it runs, and `PreemptedError` is raised; `kept` (the chunk's, across
+        its tries) then holds what it did, for the next try to go on from (`Sampler.sample`; a
+        worker in another process keeps nothing)."""
         ...
 
     def check(self) -> None:
@@ -79,8 +81,10 @@ class Workers:
 
 
 class Backend(Protocol):
-    def start(self, parts: LoopParts) -> Workers:
-        """Start the rollout and scoring workers for the run `parts` describes."""
+    def start(self, parts: LoopParts, newest: Callable[[], Publication | None] | None = None) -> Workers:
+        """Start the rollout and scoring workers for the run `parts` describes. `newest()` is the
+        newest publication, which a worker loads while it generates with
+        `pipeline.inflight_updates` (the local backend; None: between chunks only)."""
         ...
 
 

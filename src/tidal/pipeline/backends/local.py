@@ -16,7 +16,9 @@ Scoring uses the run's `Scorer` (its sandbox pool scores a batch's answers in pa
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -65,19 +67,37 @@ def rollout_engine(parts: LoopParts) -> RolloutEngine:
 
 class LocalRollout:
     """Generates on the scheduler's thread for its slot, with its own engine; loads each new
-    publication between chunks, so it never generates while its weights change."""
+    publication before a chunk that needs it. With `pipeline.inflight_updates` (and `newest`, the
+    newest publication) it also loads a newer one between two decode steps of the chunk it is
+    generating, under the engine's lock (`EmbeddedEngine.between_steps`), and never goes back to
+    an older one: a newer version is within every batch's staleness bound."""
 
-    def __init__(self, parts: LoopParts, index: int = 0, threads: int | None = None) -> None:
+    def __init__(self, parts: LoopParts, index: int = 0, threads: int | None = None,
+                 newest: Callable[[], Publication | None] | None = None) -> None:
         self.index = index  # its slot among the run's rollout workers
-        self.sampler = Sampler(parts.config, parts.run.name, rollout_engine(parts))
+        engine = rollout_engine(parts)
+        self.sampler = Sampler(parts.config, parts.run.name, engine)
         self.tolerance = parts.config.pipeline.canary_tolerance
         self.loaded: Publication | None = None  # the header of the publication the engine holds
         self.threads = threads  # torch CPU threads of the thread it samples on; None: leave them
         self._thread = threading.local()  # what it set on the current thread
+        self.newest = newest if parts.config.pipeline.inflight_updates else None
+        self.inflight_loads = 0  # publications loaded while a chunk was generating
+        if self.newest is not None and isinstance(engine, EmbeddedEngine):
+            engine.between_steps = self._catch_up
+
+    def _catch_up(self) -> None:
+        """Load the newest publication if it is newer than the engine's (between two steps)."""
+        assert self.newest is not None
+        latest, engine = self.newest(), self.sampler.engine
+        if latest is not None and latest.state is not None and latest.version > engine.weight_version:
+            load_verified(engine, latest, self.tolerance)
+            self.loaded = latest.header()
+            self.inflight_loads += 1
 
     def sample(
         self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None,
-        cancel: Cancel | None = None,
+        cancel: Cancel | None = None, kept: dict[tuple[str, ...], Any] | None = None,
     ) -> list[Group]:
         if self.threads is not None and getattr(self._thread, "threads", None) != self.threads:
             # Set on each thread it samples on, once: this thread's OpenMP and MKL counts (a thread's
@@ -85,10 +105,11 @@ class LocalRollout:
             torch.set_num_threads(self.threads)
             self._thread.threads = self.threads
         engine = self.sampler.engine
-        if engine.weight_version != publication.version:
+        held = engine.weight_version
+        if held != publication.version and not (self.newest is not None and held > publication.version):
             load_verified(engine, publication, self.tolerance)
             self.loaded = publication.header()
-        return self.sampler.sample(tasks, step, indices, cancel)
+        return self.sampler.sample(tasks, step, indices, cancel, kept)
 
     def check(self) -> None:
         if self.loaded is not None and self.sampler.engine.weight_version == self.loaded.version:
@@ -96,7 +117,10 @@ class LocalRollout:
 
     def run_metrics(self) -> dict[str, float]:
         engine = self.sampler.engine
-        return engine.run_metrics() if isinstance(engine, ReportsMetrics) else {}
+        metrics = engine.run_metrics() if isinstance(engine, ReportsMetrics) else {}
+        if self.newest is not None:
+            metrics["engine/inflight_loads"] = self.inflight_loads
+        return metrics
 
 
 class ScorerPool:
@@ -123,7 +147,7 @@ class ScorerPool:
 class LocalBackend:
     """Threads of this process (`pipeline.backend: local`)."""
 
-    def start(self, parts: LoopParts) -> Workers:
+    def start(self, parts: LoopParts, newest: Callable[[], Publication | None] | None = None) -> Workers:
         pipeline = parts.config.pipeline
         trainer_threads = threads = None
         if parts.trainer.device.type == "cpu" and not parts.engine_holds_copy:  # a server's workers compute elsewhere
@@ -131,11 +155,11 @@ class LocalBackend:
             trainer_threads, threads = cpu_thread_split(
                 torch.get_num_threads(), pipeline.rollout_workers, pipeline.rollout_threads, pipeline.trainer_threads
             )
-        rollouts = [LocalRollout(parts, i, threads) for i in range(pipeline.rollout_workers)]
+        rollouts = [LocalRollout(parts, i, threads, newest) for i in range(pipeline.rollout_workers)]
         replaced = {"rollout": 0}
 
         def replace(index: int) -> LocalRollout:  # a fresh copy of the policy; it loads the next publication
-            rollouts[index] = LocalRollout(parts, index, threads)
+            rollouts[index] = LocalRollout(parts, index, threads, newest)
             replaced["rollout"] += 1
             return rollouts[index]
 

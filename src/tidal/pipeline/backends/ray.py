@@ -215,8 +215,9 @@ class RayRollout:
 
     def sample(
         self, tasks: list[Task], step: int, publication: Publication, indices: list[int] | None = None,
-        cancel: Cancel | None = None,
+        cancel: Cancel | None = None, kept: dict[tuple[str, ...], Any] | None = None,
     ) -> list[Group]:
+        # `kept` is not used: the actor's engine state stays in its process, so a preempted chunk reruns.
         what = f"rollout actor {self.index}, batch {step}"
         call_id = uuid.uuid4().hex if cancel is not None else None
         call = self.actor.sample.remote(tasks, step, publication.header(), [self.weights.ref(publication)],
@@ -292,7 +293,9 @@ def check_scorer_nodes(reports: list[dict[str, Any]]) -> None:
 class RayBackend:
     """Ray actors (`pipeline.backend: ray`)."""
 
-    def start(self, parts: LoopParts) -> Workers:
+    def start(self, parts: LoopParts, newest: Any = None) -> Workers:
+        """`newest` is not used: an actor loads publications between chunks (the config refuses
+        `pipeline.inflight_updates` on Ray)."""
         ray = import_ray()
         cfg = parts.config
         pipeline = cfg.pipeline
