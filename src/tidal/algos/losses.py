@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
@@ -409,11 +410,41 @@ def register_loss(name: str, function: PolicyLoss, inputs: tuple[str, ...] = ())
     if unknown:
         raise ValueError(f"policy loss {name!r} asks for {unknown}; the trainer supplies {', '.join(TRAINER_INPUTS)}")
     existing = LOSSES.get(name)
-    if existing is not None and existing is not function:
+    if existing is not None and existing is not function and getattr(existing, "__wrapped__", None) is not function:
         raise ValueError(f"policy loss {name!r} is already registered by {existing.__module__}")
-    LOSSES[name] = function
+    LOSSES[name] = function if _takes_inputs(function) else _from_tensor_form(function, tuple(inputs))
     if inputs:
         LOSS_INPUTS[name] = tuple(inputs)
+
+
+def _takes_inputs(function: Callable[..., Any]) -> bool:
+    """Whether `function` is a loss of the (LossInputs, LossOptions) form; else the tensor form."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    variadic = any(p.kind == p.VAR_POSITIONAL for p in parameters)
+    return len(positional) == 2 and not variadic
+
+
+def _from_tensor_form(function: TensorLoss, inputs: tuple[str, ...]) -> PolicyLoss:
+    """A loss written in the tensor form (`tensor_form`'s signature, the form plugins used before
+    `LossInputs`) as a `PolicyLoss`; its optional `inputs` passed as keywords."""
+
+    @functools.wraps(function)
+    def call(loss_inputs: LossInputs, options: LossOptions) -> LossOutputs:
+        extra: dict[str, Any] = {}
+        if "prox_logprobs" in inputs:
+            extra["prox_logprobs"] = loss_inputs.prox_logprobs
+        if "is_cap" in inputs:
+            extra["is_cap"] = options.is_cap
+        value, metrics = function(loss_inputs.logprobs, loss_inputs.old_logprobs, loss_inputs.advantages,
+                                  loss_inputs.mask, options.clip_low, options.clip_high, options.aggregation,
+                                  options.max_tokens, loss_inputs.denominator, **extra)
+        return LossOutputs(value, metrics)
+
+    return call
 
 
 def loss(name: str, *, inputs: tuple[str, ...] = ()) -> Callable[[PolicyLoss], PolicyLoss]:
