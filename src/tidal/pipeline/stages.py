@@ -174,8 +174,8 @@ class Sampler:
     def _generate(self, prompts: list[list[int]], params: SamplingParams, cancel: Cancel | None,
                   kept: dict[tuple[str, ...], Any] | None, key: tuple[str, ...]) -> list[list[Completion]]:
         """One engine call's groups: as a previous try left them in `kept[key]` (done, or resumed
-        from its preempted requests), else generated; what it did goes into `kept` (module
-        docstring of `sample`)."""
+        from its preempted requests), else generated; what it did goes into `kept` (see
+        `sample`)."""
         n = self.config.rollout.group_size
         state, saved = kept.get(key, (None, None)) if kept is not None else (None, None)
         if state == "done":

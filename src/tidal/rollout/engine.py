@@ -298,8 +298,9 @@ class EmbeddedEngine:
 
         Returns one list per prompt, in order, each holding its `n` completions, each tagged with the
         weight version of its first token (the one current when the call started, unless weights
-        were updated between its steps: then `token_versions` holds every token's). With `params.seed` set, prompt i's sample k
-        draws from the seed `derived_seed(derived_seed(seed, i), k)`, so the same prompts, params
+        were updated between its steps: then `token_versions` holds every token's). With
+        `params.seed` set, prompt i's sample k draws from the seed
+        `derived_seed(derived_seed(seed, i), k)`, so the same prompts, params
         and weights give the same completions, whatever the batch and `max_batch_rows`. `on_token`
         sees every kept token as it is sampled. `cancel` is looked at before each step: once it is
         set the call stops there and raises `PreemptedError`, whose `handles` hold what it did:
