@@ -114,8 +114,11 @@ def quickstart_row(model: str, overrides: list[str]) -> tuple[str, ...]:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as out:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([sys.executable, "-m", "tidal.cli", "quickstart", "--model", model, "--out", out, "--name", "run",
-                        *overrides], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        done = subprocess.run([sys.executable, "-m", "tidal.cli", "quickstart", "--model", model, "--out", out, "--name",
+                               "run", *overrides], check=False, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        if done.returncode != 0:
+            raise SystemExit(f"tidal quickstart --model {model} failed ({done.returncode}):\n{done.stderr[-3000:]}")
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         rows = [json.loads(line) for line in (Path(out) / "run" / "metrics.jsonl").read_text().splitlines() if line]
     steps = [row["step_s"] for row in rows if row.get("phase") == "rl" and "step_s" in row][1:]
