@@ -333,6 +333,9 @@ class EmbeddedEngine:
         the finished ones as they are, the others from where they stopped (each sequence
         prefilled again from its prompt and the tokens it had, then sampling on with its own
         generator, so with the same weights it ends as if never stopped); `handles`, in order."""
+        if any(handle.aborted or (not handle.done and not handle.live) for handle in handles):
+            raise ValueError("resume: a handle was aborted (its call failed, or was cancelled for good); "
+                             "generate its prompts afresh")
         with self._lock:
             for handle in handles:
                 self._scheduler.requeue(handle)

@@ -58,3 +58,14 @@ def test_resume_with_other_prompts_is_refused(tiny: LoadedModel, prompts: list[l
         engine.generate(prompts, 1, PARAMS, cancel=cancel)
     with pytest.raises(ValueError, match="other prompts"):
         engine.generate(prompts[::-1], 1, PARAMS, resume=stopped.value.handles)
+
+
+def test_an_aborted_handle_is_not_resumed(tiny: LoadedModel, prompts: list[list[int]]) -> None:
+    engine = EmbeddedEngine(tiny.model, tiny.tokenizer)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(PreemptedError) as stopped:
+        engine.generate(prompts, 1, PARAMS, cancel=cancel)
+    engine.abort(stopped.value.handles[0])
+    with pytest.raises(ValueError, match="aborted"):
+        engine.generate(prompts, 1, PARAMS, resume=stopped.value.handles)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from tidal.errors import PreemptedError
 from tidal.pipeline.backends import Workers, policy_copy, split_by_task
 from tidal.pipeline.stages import LoopParts, Sampler
 from tidal.pipeline.weights import UNLOADED, Publication, check_canary, load_verified
@@ -109,7 +110,14 @@ class LocalRollout:
         if held != publication.version and not (self.newest is not None and held > publication.version):
             load_verified(engine, publication, self.tolerance)
             self.loaded = publication.header()
-        return self.sampler.sample(tasks, step, indices, cancel, kept)
+        try:
+            return self.sampler.sample(tasks, step, indices, cancel, kept)
+        except PreemptedError:
+            raise
+        except BaseException:
+            if kept is not None:
+                kept.clear()  # a failed try's work (aborted requests, maybe bad weights): the retry starts afresh
+            raise
 
     def check(self) -> None:
         if self.loaded is not None and self.sampler.engine.weight_version == self.loaded.version:
