@@ -77,6 +77,7 @@ class Sequence:
     hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks, in order
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # (len(logprobs),) the weight version each token was sampled under
+    kv_version: int | None = None  # the weights its KV was computed under since its admission
     row: int = -1  # its row in the decode view while decoding
     fresh: bool = True  # not admitted before (a preempted sequence's second prefill is a recompute)
     session: DraftSession | None = None  # its drafter session (speculative decoding), made when it first drafts
@@ -295,6 +296,7 @@ class Scheduler:
         """Move `sequence` from waiting to prefilling, taking its cached prefix blocks."""
         stats, prompt = self.pool.stats, len(sequence.handle.request.prompt)
         fresh, sequence.fresh = sequence.fresh, False
+        sequence.kv_version = self.version  # all its KV, cached or computed, is of the weights now
         blocks, hashes = self.pool.lookup(sequence.tokens, self._root(sequence), len(sequence.tokens) - 1)
         sequence.blocks, sequence.hashes = blocks, hashes
         sequence.computed = len(blocks) * self.pool.block_size
@@ -371,8 +373,8 @@ class Scheduler:
         """`sequence` now has `computed` tokens in the pool: register the blocks that filled up."""
         size = self.pool.block_size
         sequence.computed = computed
-        if sequence.handle.version != self.version:
-            return  # KV of weights replaced since: never offered to a lookup
+        if sequence.kv_version != self.version:
+            return  # KV partly of weights replaced since (kept across an update): never offered to a lookup
         while len(sequence.hashes) < computed // size:
             index = len(sequence.hashes)
             previous = sequence.hashes[-1] if sequence.hashes else self._root(sequence)
@@ -389,7 +391,7 @@ class Scheduler:
         children = []
         for sample in parent.forks:
             child = Sequence(handle, sample, list(parent.tokens), self._generator(handle.request.params.seed, sample),
-                             [], admitted=parent.admitted, fresh=False)
+                             [], admitted=parent.admitted, fresh=False, kv_version=parent.kv_version)
             handle.live.append(child)
             block = None
             if partial:
@@ -518,7 +520,7 @@ class Scheduler:
         sequence.blocks, sequence.hashes = [], []
 
     def _root(self, sequence: Sequence) -> int:
-        return hash(("tidal-kv", sequence.handle.version))
+        return hash(("tidal-kv", sequence.kv_version))
 
     def _generator(self, seed: int | None, sample: int) -> torch.Generator | None:
         if seed is None:

@@ -136,3 +136,29 @@ def test_between_steps_hook_loads_while_generate_runs(
 def test_unknown_mode_is_refused(tiny: LoadedModel) -> None:
     with pytest.raises(ValueError, match="inflight_kv='drop' must be one of keep, recompute"):
         EmbeddedEngine(tiny.model, tiny.tokenizer, inflight_kv="drop")
+
+
+def test_kv_is_cached_under_the_weights_it_was_computed_with(
+    models: tuple[LoadedModel, LoadedModel], make_tiny: Callable[[int], LoadedModel], prompts: list[list[int]],
+) -> None:
+    """A request queued before an in-flight update and admitted after it computes its prompt under the
+    new weights (none of the running request's old blocks) and caches it under them: a later request
+    of that prompt reuses it."""
+    old, new = models
+    engine = EmbeddedEngine(make_tiny(0).model, old.tokenizer, kv_block_size=4, max_batch_rows=2)
+    prompt = prompts[2]
+    running = engine.submit(Request(list(prompt), PARAMS, n=2))
+    queued = engine.submit(Request(list(prompt), PARAMS, n=2))  # no rows left: it waits
+    for _ in range(SWAP_AFTER):
+        engine.step()
+    assert not queued.versions and not any(s.blocks for s in queued.live)
+    engine.update_weights(new.model.state_dict(), version=1)
+    while not (running.done and queued.done):
+        engine.step()
+    cached = engine.stats.cached_tokens
+    (later,) = engine.generate([prompt], n=1, params=PARAMS)
+    assert engine.stats.cached_tokens - cached >= len(prompt) - 4  # its full prompt blocks, from `queued`
+    for completion in [*engine.complete(queued), *later]:
+        assert completion.weight_version == 1 and completion.token_versions is None
+        torch.testing.assert_close(torch.tensor(completion.logprobs), _teacher_forced(new.model, completion),
+                                   atol=1e-4, rtol=0)
