@@ -13,10 +13,14 @@ import pytest
 from tidal.config.schema import PipelineConfig
 from tidal.pipeline import loop
 from tidal.pipeline import quickstart as qs
+from tidal.pipeline import run as pipeline_run
 from tidal.pipeline.backends import local
 from tidal.storage.run import RunFolder
 from tidal.storage.store import existing_run_store
+from tidal.trainer.trainer import Trainer
 from tidal.types import Completion, Episode
+
+from .test_async_loop import _assert_exactly_once
 
 KEEP_ALL = ["gate.drop_zero_variance=false", "gate.drop_truncated=false", "gate.drop_empty=false",
             "gate.max_repetition=1.0", "audit.watch.enabled=false"]
@@ -86,3 +90,27 @@ def test_inflight_updates_need_the_async_local_loop() -> None:
     with pytest.raises(ValueError, match="inflight_updates runs with mode=async and backend=local"):
         PipelineConfig(inflight_updates=True, mode="async", backend="ray")
     assert PipelineConfig(inflight_updates=True, mode="async").inflight_updates
+
+
+def test_a_crash_and_resume_with_inflight_updates_trains_every_id_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Trainer.rl_step
+    calls = {"n": 0}
+
+    def crash_on_third(self: Trainer, batch: Any, replay: Any = None) -> dict[str, float]:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated trainer crash")
+        return original(self, batch, replay)
+
+    monkeypatch.setattr(Trainer, "rl_step", crash_on_third)
+    overrides = [f"trainer.steps={STEPS + 1}", *KEEP_ALL, "pipeline.mode=async", "algorithm.max_staleness=1",
+                 "pipeline.inflight_updates=true", "rollout.inflight_kv=recompute"]
+    with pytest.raises(RuntimeError, match="simulated trainer crash"):
+        qs.run_quickstart(qs.find_config("smoke"), overrides, tmp_path, "crash")
+    run = RunFolder.open(tmp_path / "crash")
+    monkeypatch.setattr(Trainer, "rl_step", original)
+    pipeline_run.run_training(run.path, [])
+    store = existing_run_store(run)
+    assert store is not None
+    _assert_exactly_once(store, bound=1)
+    assert [m["step"] for m in run.read_metrics() if m.get("phase") == "rl"] == list(range(1, STEPS + 2))
