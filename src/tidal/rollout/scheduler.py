@@ -145,7 +145,7 @@ class Scheduler:
         their tokens, logprobs, versions and generators (a preempted call), until `requeue`."""
         for sequence in list(handle.live):
             self._evict(sequence)
-            sequence.computed, sequence.admitted, sequence.fresh, sequence.drafts = 0, -1, False, []
+            sequence.computed, sequence.admitted, sequence.drafts = 0, -1, []  # `fresh` stays: never admitted, never counted
 
     def requeue(self, handle: RequestHandle) -> None:
         """Queue a suspended `handle`'s sequences again, to be prefilled from their tokens."""
