@@ -14,8 +14,8 @@ Sampling divides by the rate times SAMPLING_EFFICIENCY and adds DECODE_STEP_SECO
 step (a wave of rows runs max_new_tokens steps); the update divides by the rate times
 UPDATE_EFFICIENCY and adds MICRO_BATCH_SECONDS per micro-batch; sandboxed verification costs
 SANDBOX_CPU_SECONDS of CPU per answer. A sync step is their sum. Async on a CPU the rollout workers
-and the trainer run at once on their shares of the threads (`Overlap`): the step is the slower of
-the two, or all the work on the whole machine, whichever is longer. The efficiencies are the
+and the trainer run at once on their shares of the threads (`Overlap`) and scoring beside them:
+the step is the slowest of the three. The efficiencies are the
 real-model main job's (`tidal quickstart --model smollm2`: sampling ~32 s and the update ~40 s a
 step, each on one of two threads, docs/experiments/real_model.md); bench/RESULTS.md ("Planner:
 whole runs") compares the prediction with whole runs.
@@ -105,14 +105,11 @@ class Throughput:
     @property
     def seconds(self) -> float:
         """The expected step time: sampling, scoring, then the update; when they overlap (async on
-        a CPU), the slowest of them on its share of the threads, or all their work on the whole
-        machine, whichever is longer."""
+        a CPU), the slowest of the three, sampling and the update each on its share of the threads
+        and scoring in its sandboxes on all the cores."""
         sampling, update = self.phase_seconds
         scoring = self.scoring_cpu_seconds / self.cores
-        if not self.overlap:
-            return sampling + scoring + update
-        whole = sampling * self.overlap.sampling_share + update * self.overlap.update_share + scoring
-        return max(sampling, update, whole)
+        return max(sampling, update, scoring) if self.overlap else sampling + scoring + update
 
     def record(self) -> dict[str, Any]:
         sampling, update = self.phase_seconds
