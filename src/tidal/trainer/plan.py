@@ -71,12 +71,12 @@ from tidal.trainer.lora import linear_layers
 from tidal.trainer.memory import (
     HEAD_COPIES,
     STATE_BYTES,
-    Dims,
     MemoryPlan,
     estimate_memory,
     model_dims,
 )
 from tidal.trainer.parallel.rank import decoder_layers
+from tidal.trainer.plan_inputs import ModelShape, Workload
 from tidal.trainer.precision import choose_precision_for, widest_linear
 from tidal.trainer.step_time import MatmulRate, Overlap, Throughput, step_throughput
 
@@ -100,23 +100,6 @@ WARM: frozenset[Phase] = frozenset({"warm start"})
 
 class PlanInputError(ValueError):
     """A config the planner cannot size (e.g. LoRA target modules that match no layer)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelShape:
-    """What the planner reads from a model (`shape_of`), built on the meta device or loaded."""
-
-    dims: Dims
-    kv_heads: int
-    head_dim: int
-    parameters: int  # distinct parameters (tied ones once)
-    matmul_parameters: int  # weights of the linear layers and the LM head: FLOPs per token / 2
-    root_parameters: int  # the parameters outside the decoder layers (embeddings, final norm, head)
-    largest_layer: int  # parameters of the largest decoder layer
-    linears: tuple[tuple[str, int, int], ...]  # (name, in, out) of every linear layer but the LM head
-    widest_linear: tuple[int, int] | None
-    chunked_head: bool  # the trainer computes the LM head in chunks (trainer/logprobs.py)
-    attention: str  # the config's _attn_implementation
 
 
 def shape_of(model: torch.nn.Module) -> ModelShape:
@@ -155,20 +138,6 @@ def adapter_parameters(shape: ModelShape, cfg: TrainerConfig) -> int:
         raise PlanInputError(f"trainer.lora.target_modules {targets} match no linear layer of the model; "
                              f"its linear layers are named {', '.join(known)}")
     return sum(lora.r * (i + o) for i, o in hits)
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """What one step processes, from the config and its tasks (pipeline/planning.py)."""
-
-    prompt_tokens: int  # the longest prompt, rendered with the chat template
-    sequence_tokens: int  # a training row: the longest prompt + max_new_tokens (agent tasks: agent_max_tokens)
-    generation_rows: int  # rows of one RL engine batch (module docstring, the KV cache)
-    eval_rows: int = 0  # rows of one evaluation engine batch
-    warm_start_tokens: int = 0  # the warm start's longest prompt + reference; 0 when it is off
-    sandboxed_share: float = 0.0  # of the train tasks drawn (by domain weight), those scored in a sandbox
-    mean_prompt_tokens: int = 0  # the step time's expected prompt and completion (0: the longest);
-    expected_completion_tokens: int = 0  # the completion: the train tasks' references, + eos
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,7 @@ from tidal.algos.advantages import needs_critic
 from tidal.config.schema import TidalConfig
 
 if TYPE_CHECKING:
-    from tidal.trainer.plan import ModelShape, Workload
+    from tidal.trainer.plan_inputs import ModelShape, Workload
 
 # Shares of the probe's rate the main job's sampling and update reach at the expected FLOPs (module
 # docstring): decode steps of 128 rows, and bf16 micro-batches of rows padded to their longest.
