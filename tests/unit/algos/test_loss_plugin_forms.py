@@ -8,7 +8,7 @@ import uuid
 
 import torch
 
-from tidal.algos.losses import LOSSES, LossInputs, LossOptions, compute_loss, loss, ppo_clip_loss
+from tidal.algos.losses import LOSS_INPUTS, LOSSES, LossInputs, LossOptions, compute_loss, loss, ppo_clip_loss
 
 
 def _inputs() -> LossInputs:
@@ -38,6 +38,7 @@ def test_a_tensor_form_plugin_loss_runs_and_gets_its_inputs() -> None:
         assert seen == {"is_cap": 3.5}
     finally:
         LOSSES.pop(name, None)
+        LOSS_INPUTS.pop(name, None)
 
 
 def test_an_inputs_form_plugin_loss_is_registered_as_it_is() -> None:
@@ -55,3 +56,4 @@ def test_an_inputs_form_plugin_loss_is_registered_as_it_is() -> None:
                               2 * compute_loss(inputs, LossOptions(loss="ppo_clip")).loss)
     finally:
         LOSSES.pop(name, None)
+        LOSS_INPUTS.pop(name, None)
