@@ -32,6 +32,8 @@ SHRINK = [
     "rollout.max_new_tokens=24", "eval.samples_per_task=1", "run.progress=false",
     *(f"tasks.domains.{d}.n_train=8" for d in TRAINED),
     *(f"tasks.domains.{d}.n_eval=2" for d in (*TRAINED, "general")),
+    *(f"tasks.domains.{d}_bench.sources=[{{path: data/bench_{d}.jsonl, format: {f}, split: test, limit: 3}}]"
+      for d, f in (("code", "code-tests"), ("math", "qa"))),
 ]
 
 
@@ -57,10 +59,13 @@ def test_real_model_job_fetches_imports_once_and_reports_like_the_tiny_quickstar
     run = RunFolder.open(out / "real")
     summary = json.loads(run.summary_path.read_text())
     assert {"before", "after", "domains", "overall", "run"} <= set(summary)
-    # every domain paired, the hand-written sets apart under their config names (24 + 24 + 16 tasks)
-    assert set(summary["domains"]) == {*TRAINED, "general", "math_new", "reasoning_new", "code_new"}
+    # every domain paired, the hand-written sets apart under their config names (24 + 24 + 16 tasks),
+    # the benchmark-style sets cut to 3 each
+    assert set(summary["domains"]) == {*TRAINED, "general", "math_new", "reasoning_new", "code_new", "code_bench",
+                                       "math_bench"}
     assert summary["domains"]["math_new"]["n"] == 24 and summary["domains"]["code_new"]["n"] == 16
-    assert summary["overall"]["n"] == 5 * 2 + 64
+    assert summary["domains"]["code_bench"]["n"] == 3 and summary["domains"]["math_bench"]["n"] == 3
+    assert summary["overall"]["n"] == 5 * 2 + 64 + 2 * 3
     assert [m["step"] for m in run.read_metrics() if m.get("phase") == "rl"] == [1, 2]
     assert "<svg" in run.report_path.read_text()
 

@@ -31,7 +31,21 @@ def save_sharded_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimi
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(folder / OPTIMIZER_DCP))
+    fresh = not optimizer.state
+    state = get_optimizer_state_dict(model, optimizer)
+    if fresh:
+        # DCP fills an empty state by an optimizer step at lr 0, which counts as Adam's step 1 and
+        # so changes the bias correction of every later step: saved as step 0 (the same as no state
+        # on resume), and the live optimizer put back as it was.
+        for entry in state.get("state", {}).values():
+            step = entry.get("step")
+            if isinstance(step, torch.Tensor):
+                entry["step"] = torch.zeros_like(step)
+            elif step is not None:
+                entry["step"] = 0
+    dcp.save({"optimizer": state}, checkpoint_id=str(folder / OPTIMIZER_DCP))
+    if fresh:
+        optimizer.state.clear()
 
 
 def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
