@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import shlex
 import statistics
@@ -268,6 +269,7 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
+        row = {k: (MISSING if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
         fp32, bf16 = row["fp32"] / row["flop_per_token"], row["bf16"] / row["flop_per_token"]  # type: ignore[operator]
         lines.append(
             f"| {row['model']} | {row['forward']} | {row['threads']} | {row['hf_generate']:.0f} "
@@ -284,17 +286,26 @@ def section(args: argparse.Namespace, rows: list[dict[str, object]]) -> str:
 WHERE_TIME_GOES = (
     "Where the time goes (`--profile` and torch.profiler of one call, 1 thread): HF prefills each prompt 8 times, "
     "the engines once (the other 7 samples fork its blocks), and HF samples with a batched `multinomial` over the "
-    "vocabulary. SmolLM2 in fp32: matrix products 66% of the engine's CPU time (the decode matmuls at about 45% "
-    "of the measured fp32 bound: the LM head's and the k/v projections' shapes run slower than the bound's), "
-    "decode attention 18% (two batched matmuls over the decode view; sdpa's flash kernel for one query was about "
-    "2x slower), everything else under 3% each (pool writes `index_copy_` 1%, sampling: one `exp` pass and a "
-    "two-level inverse CDF with one uniform per row, 2%; a `multinomial` per seeded row took 65 ms a step). "
-    "SmolLM2 in bf16 (AMX: the bf16 matmul measures about 5x fp32 at this shape): matmuls 50%, sdpa 17%, dtype "
-    "casts around the fp32 norms and logits 10%, sampling over the 49k vocabulary in fp32 6%. bf16 is where "
-    "the real model passes 3x HF. The two "
-    "cores are shared with other work, so rows measured at other times differ by up to 2x: compare ratios "
-    "within a row."
+    "vocabulary. The generic forward (the model's own transformers modules, attention through \"tidal_paged\") on "
+    "the random Qwen3: matrix products 88% of the engine's CPU time (`mm` 79%, the decode attention's `bmm` 10%), "
+    "copies 2%, the full-vocabulary sampling pass about 3%, everything else under 1.2% each: the module calls "
+    "cost little next to the matmuls, which is why the generic and the hand-written llama forward measure the "
+    "same on SmolLM2. The fp32 sides reach about 47% of the fp32 decode-shape bound (the LM head's and the k/v "
+    "projections' shapes run slower than the bound's); bf16 reaches 14-15% of its bound (casts around the fp32 "
+    "norms and logits, and sampling in fp32). HF batch (`generate_batch`) is skipped with `--skip "
+    "hf_generate_batch` on the real-size models: on this CPU it ran at 0.06x HF on the tiny model (paged pool "
+    "sized to the workload). The two cores may be shared with other work: compare ratios within a row."
 )
+
+
+class _Missing:
+    """A skipped side's cell: formats as '-' whatever the format spec."""
+
+    def __format__(self, spec: str) -> str:
+        return "-"
+
+
+MISSING = _Missing()
 
 
 def section_name(args: argparse.Namespace) -> str:

@@ -99,8 +99,9 @@ class RolloutConfig(Section):
     )
     forward: Literal["auto", "llama", "generic"] = Field(
         "auto", description="the embedded engine's forward: generic runs any decoder-only causal LM through its own "
-        "transformers modules over paged KV; llama, the hand-written Llama-family forward (Qwen2, Llama; faster on a "
-        "CPU); auto: llama where it computes the model exactly, else generic (`tidal model info` says which)"
+        "transformers modules over paged KV; llama, the hand-written Llama-family forward (Qwen2, Llama; it also "
+        "samples in bfloat16 from float32 weights and replays CUDA graphs); auto: llama where it computes the "
+        "model exactly, else generic (`tidal model info` says which)"
     )
     cuda_graphs: Literal["auto", "off"] = Field(
         "auto", description="auto: the embedded engine replays its decode-only steps from CUDA graphs where CUDA is "

@@ -101,8 +101,9 @@ class ModuleDecoder:
 def pick_forward(model: torch.nn.Module, choice: str = "auto") -> str:
     """The forward `choice` names for `model`: "llama", the hand-written Llama-family forward
     (rollout/paged.py), or "generic", the model's own modules (this file). "auto" takes "llama"
-    where it computes the model exactly (faster on a CPU: bench/RESULTS.md, "Rollout"), "generic"
-    for every other causal LM."""
+    where it computes the model exactly (it alone samples in bfloat16 from float32 weights and
+    replays decode steps from CUDA graphs; in the model's dtype on a CPU the two run at the same
+    speed: bench/RESULTS.md, "Rollout"), "generic" for every other causal LM."""
     if choice == "generic" or (choice == "auto" and not PagedDecoder.supports(model)):
         check_decoder(model.config)
         return "generic"
