@@ -10,10 +10,11 @@ softmax `scaling`, a sliding `window` (a query at position p sees keys (p - wind
 transformers' sliding-window masks do) and attention-logit soft-capping (`softcap`).
 
 The generic forward (rollout/modules.py) runs a model's own transformers modules and reaches this
-through transformers' attention interface: `register()` adds the implementation "tidal_paged",
-whose attention function computes paged attention while a step is active on this thread
-(`active(...)`), and is transformers' own sdpa (or eager, for soft-capping) otherwise, so a model
-object shared with the trainer trains exactly as before.
+through transformers' attention interface: `register(fallback)` adds the implementation
+"tidal_paged" ("tidal_paged_<fallback>" for another fallback than sdpa), whose attention function
+computes paged attention while a step is active on this thread (`active(...)`) and builds no mask
+then, and otherwise is the implementation the model had before (sdpa, eager, ...) with that
+implementation's masks, so a model object shared with the trainer trains exactly as before.
 """
 
 from __future__ import annotations
